@@ -1,0 +1,394 @@
+"""L3 configuration: disks, rank->disk mapping, index, cold start, GC watermarks, queue caps, PLP policy.
+
+Loaded from TOML (``tomllib`` / ``tomli``) or JSON. Every bad value is an :class:`L3ConfigError` whose message
+starts with the key path (``disks[1].budget: ...``), raised at load time so a server never starts on a config it
+would later misread.
+
+Budget split (the documented rule):
+
+1. A disk's ``budget`` is divided equally among the ranks mapped to it (``ranks_on_disk``), rounded down.
+2. A rank's share is divided among the payload kinds the store is opened with:
+
+   * ``payload_split = "equal_slots"`` (default): every kind gets the same number of slots,
+     ``n = rank_bytes // sum(slot_bytes[k])``. A page of target KV comes with a page of draft KV / index_k for
+     the same tokens, so equal slot counts mean no kind runs out before the others.
+   * ``[payload_weights]`` (``target_kv = 0.8``, ``index_k = 0.2`` ...): kind ``k`` gets
+     ``floor(rank_bytes * w_k / sum(w) / slot_bytes[k])`` slots. A kind opened without a weight is an error.
+
+A kind that ends up with zero slots is a loud error at open (the budget is too small for one page).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+try:  # Python 3.11+
+    import tomllib as _toml
+except ModuleNotFoundError:  # pragma: no cover - 3.10
+    import tomli as _toml  # type: ignore[no-redef]
+
+__all__ = [
+    "L3ConfigError",
+    "DiskConfig",
+    "L3Config",
+    "COLD_START_MODES",
+    "PLP_MODES",
+    "parse_size",
+    "example_config",
+    "write_example_config",
+]
+
+COLD_START_MODES = ("clear", "load")
+PLP_MODES = ("auto", "assume_safe", "assume_unsafe")
+DIRECT_MODES = ("auto", "on", "off")
+_KIND_NAMES = ("target_kv", "draft_kv", "index_k", "draft_index_k")
+_DEPLOYMENT_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {
+    None: 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "kib": 2**10, "ki": 2**10,
+    "m": 10**6, "mb": 10**6, "mib": 2**20, "mi": 2**20,
+    "g": 10**9, "gb": 10**9, "gib": 2**30, "gi": 2**30,
+    "t": 10**12, "tb": 10**12, "tib": 2**40, "ti": 2**40,
+}
+
+
+class L3ConfigError(ValueError):
+    """A config value is wrong. The message starts with the key path."""
+
+
+def parse_size(value: Any, key: str) -> int:
+    """Bytes from an int or a string like ``"64 MiB"`` / ``"2GB"`` (SI for KB/MB/GB, binary for KiB/MiB/GiB)."""
+    if isinstance(value, bool):
+        raise L3ConfigError(f"{key}: expected a byte size, got a boolean")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if not m:
+            raise L3ConfigError(f"{key}: cannot parse byte size {value!r} (use e.g. 1073741824, '64MiB', '2GB')")
+        unit = m.group(2).lower() if m.group(2) else None
+        n = int(float(m.group(1)) * _UNITS[unit])
+    else:
+        raise L3ConfigError(f"{key}: expected a byte size (int or string), got {type(value).__name__}")
+    if n <= 0:
+        raise L3ConfigError(f"{key}: must be > 0, got {value!r}")
+    return n
+
+
+def _get(d: Mapping[str, Any], name: str, key: str, types, default=None, required=False):
+    if name not in d:
+        if required:
+            raise L3ConfigError(f"{key}: required key missing")
+        return default
+    v = d[name]
+    if isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise L3ConfigError(f"{key}: expected {types}, got a boolean")
+    if not isinstance(v, types):
+        tn = "/".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise L3ConfigError(f"{key}: expected {tn}, got {type(v).__name__} {v!r}")
+    return v
+
+
+def _fraction(v: Any, key: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise L3ConfigError(f"{key}: expected a number in (0, 1], got {v!r}")
+    v = float(v)
+    if not (0.0 < v <= 1.0):
+        raise L3ConfigError(f"{key}: must be in (0, 1], got {v}")
+    return v
+
+
+def _pos_int(v: Any, key: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise L3ConfigError(f"{key}: expected a positive integer, got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class DiskConfig:
+    path: str
+    budget: int  # bytes this disk gives to L3, split across the ranks mapped to it
+
+
+@dataclass(frozen=True)
+class L3Config:
+    """Validated L3 configuration. Build with :meth:`load`, :meth:`from_dict` or :meth:`from_file`."""
+
+    disks: tuple[DiskConfig, ...]
+    index_path: str
+    index_map_size: int
+    num_ranks: int = 1
+    rank_to_disk: tuple[int, ...] = (0,)
+    deployment_id: str = "default"
+    cold_start: str = "clear"
+    require_plp: bool = False
+    plp: str = "auto"
+    direct_io: str = "auto"
+    gc_start: float = 0.90
+    gc_stop: float = 0.85
+    gc_budget_per_round: int = 64
+    staging_bytes: int = 256 * 2**20
+    max_inflight: int = 256
+    write_batch_pages: int = 32
+    io_threads: int = 4
+    reload_threads: int = 4
+    payload_weights: Mapping[str, float] | None = None  # None = equal_slots
+    source: str = field(default="<dict>", compare=False)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "L3Config":
+        path = os.fspath(path)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except OSError as e:
+            raise L3ConfigError(f"<file>: cannot read L3 config {path!r}: {e}") from e
+        if path.endswith(".json"):
+            try:
+                data = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise L3ConfigError(f"<file>: {path!r} is not valid JSON: {e}") from e
+        else:
+            try:
+                data = _toml.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, _toml.TOMLDecodeError) as e:
+                raise L3ConfigError(f"<file>: {path!r} is not valid TOML: {e}") from e
+        base = os.path.dirname(os.path.abspath(path))
+        return cls.from_dict(data, source=path, base_dir=base)
+
+    load = from_file
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str = "<dict>", base_dir: str | None = None) -> "L3Config":
+        if not isinstance(data, Mapping):
+            raise L3ConfigError("<root>: expected a table/object")
+        known = {"deployment_id", "cold_start", "require_plp", "plp", "direct_io", "disks", "ranks", "index", "gc",
+                 "queues", "payload_split", "payload_weights"}
+        for k in data:
+            if k not in known:
+                raise L3ConfigError(f"{k}: unknown key (known: {', '.join(sorted(known))})")
+
+        def _path(p: str, key: str) -> str:
+            if not p:
+                raise L3ConfigError(f"{key}: empty path")
+            p = os.path.expanduser(p)
+            if not os.path.isabs(p):
+                if base_dir is None:
+                    raise L3ConfigError(f"{key}: relative path {p!r} needs an absolute path in a dict config")
+                p = os.path.join(base_dir, p)
+            return os.path.normpath(p)
+
+        dep = _get(data, "deployment_id", "deployment_id", str, "default")
+        if not _DEPLOYMENT_RE.match(dep):
+            raise L3ConfigError(f"deployment_id: {dep!r} must match [A-Za-z0-9._-]{{1,64}} (it names directories)")
+        cold = _get(data, "cold_start", "cold_start", str, "clear")
+        if cold not in COLD_START_MODES:
+            raise L3ConfigError(f"cold_start: unknown mode {cold!r} (expected one of {COLD_START_MODES})")
+        require_plp = _get(data, "require_plp", "require_plp", bool, False)
+        plp = _get(data, "plp", "plp", str, "auto")
+        if plp not in PLP_MODES:
+            raise L3ConfigError(f"plp: unknown value {plp!r} (expected one of {PLP_MODES})")
+        direct = _get(data, "direct_io", "direct_io", str, "auto")
+        if direct not in DIRECT_MODES:
+            raise L3ConfigError(f"direct_io: unknown value {direct!r} (expected one of {DIRECT_MODES})")
+
+        disks_raw = _get(data, "disks", "disks", list, required=True)
+        if not disks_raw:
+            raise L3ConfigError("disks: at least one disk is required")
+        disks = []
+        seen = set()
+        for i, d in enumerate(disks_raw):
+            key = f"disks[{i}]"
+            if not isinstance(d, Mapping):
+                raise L3ConfigError(f"{key}: expected a table with path and budget")
+            for k in d:
+                if k not in ("path", "budget"):
+                    raise L3ConfigError(f"{key}.{k}: unknown key (known: path, budget)")
+            p = _path(_get(d, "path", f"{key}.path", str, required=True), f"{key}.path")
+            if p in seen:
+                raise L3ConfigError(f"{key}.path: {p!r} listed twice")
+            seen.add(p)
+            if "budget" not in d:
+                raise L3ConfigError(f"{key}.budget: required key missing")
+            disks.append(DiskConfig(p, parse_size(d["budget"], f"{key}.budget")))
+        n_disks = len(disks)
+
+        ranks = _get(data, "ranks", "ranks", Mapping, {})
+        for k in ranks:
+            if k not in ("count", "mapping"):
+                raise L3ConfigError(f"ranks.{k}: unknown key (known: count, mapping)")
+        mapping = ranks.get("mapping", "balanced")
+        count = ranks.get("count")
+        if count is not None:
+            count = _pos_int(count, "ranks.count")
+        if isinstance(mapping, str):
+            if mapping != "balanced":
+                raise L3ConfigError(f"ranks.mapping: unknown mapping {mapping!r} (use 'balanced' or a list of disk indices)")
+            count = count or 1
+            r2d = tuple(r % n_disks for r in range(count))
+        elif isinstance(mapping, list):
+            if count is not None and len(mapping) != count:
+                raise L3ConfigError(f"ranks.mapping: has {len(mapping)} entries but ranks.count = {count}")
+            if not mapping:
+                raise L3ConfigError("ranks.mapping: empty list")
+            for i, v in enumerate(mapping):
+                if isinstance(v, bool) or not isinstance(v, int) or not (0 <= v < n_disks):
+                    raise L3ConfigError(f"ranks.mapping[{i}]: disk index {v!r} out of range [0, {n_disks})")
+            r2d = tuple(mapping)
+            count = len(mapping)
+        else:
+            raise L3ConfigError(f"ranks.mapping: expected 'balanced' or a list, got {type(mapping).__name__}")
+
+        index = _get(data, "index", "index", Mapping, required=True)
+        for k in index:
+            if k not in ("path", "map_size"):
+                raise L3ConfigError(f"index.{k}: unknown key (known: path, map_size)")
+        index_path = _path(_get(index, "path", "index.path", str, required=True), "index.path")
+        map_size = parse_size(index.get("map_size", 2**30), "index.map_size")
+        if map_size < 2**20:
+            raise L3ConfigError(f"index.map_size: {map_size} bytes is too small (>= 1 MiB)")
+
+        gc = _get(data, "gc", "gc", Mapping, {})
+        for k in gc:
+            if k not in ("start", "stop", "budget_per_round"):
+                raise L3ConfigError(f"gc.{k}: unknown key (known: start, stop, budget_per_round)")
+        gc_start = _fraction(gc.get("start", 0.90), "gc.start")
+        gc_stop = _fraction(gc.get("stop", 0.85), "gc.stop")
+        if not gc_start > gc_stop:
+            raise L3ConfigError(f"gc.start: must be greater than gc.stop ({gc_start} <= {gc_stop})")
+        gc_budget = _pos_int(gc.get("budget_per_round", 64), "gc.budget_per_round")
+
+        q = _get(data, "queues", "queues", Mapping, {})
+        qknown = ("staging_bytes", "max_inflight", "write_batch_pages", "io_threads", "reload_threads")
+        for k in q:
+            if k not in qknown:
+                raise L3ConfigError(f"queues.{k}: unknown key (known: {', '.join(qknown)})")
+        staging = parse_size(q.get("staging_bytes", 256 * 2**20), "queues.staging_bytes")
+        max_inflight = _pos_int(q.get("max_inflight", 256), "queues.max_inflight")
+        batch = _pos_int(q.get("write_batch_pages", 32), "queues.write_batch_pages")
+        io_threads = _pos_int(q.get("io_threads", 4), "queues.io_threads")
+        reload_threads = _pos_int(q.get("reload_threads", 4), "queues.reload_threads")
+
+        split = _get(data, "payload_split", "payload_split", str, "equal_slots")
+        weights_raw = data.get("payload_weights")
+        if split == "equal_slots":
+            if weights_raw is not None:
+                raise L3ConfigError("payload_weights: set payload_split = 'weights' to use weights")
+            weights = None
+        elif split == "weights":
+            if not isinstance(weights_raw, Mapping) or not weights_raw:
+                raise L3ConfigError("payload_weights: payload_split = 'weights' needs a non-empty table")
+            weights = {}
+            for k, v in weights_raw.items():
+                if k not in _KIND_NAMES:
+                    raise L3ConfigError(f"payload_weights.{k}: unknown payload kind (known: {', '.join(_KIND_NAMES)})")
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+                    raise L3ConfigError(f"payload_weights.{k}: expected a positive number, got {v!r}")
+                weights[k] = float(v)
+        else:
+            raise L3ConfigError(f"payload_split: unknown rule {split!r} (expected 'equal_slots' or 'weights')")
+
+        return cls(
+            disks=tuple(disks), index_path=index_path, index_map_size=map_size, num_ranks=count,
+            rank_to_disk=r2d, deployment_id=dep, cold_start=cold, require_plp=require_plp, plp=plp,
+            direct_io=direct, gc_start=gc_start, gc_stop=gc_stop, gc_budget_per_round=gc_budget,
+            staging_bytes=staging, max_inflight=max_inflight, write_batch_pages=batch, io_threads=io_threads,
+            reload_threads=reload_threads, payload_weights=weights, source=source,
+        )
+
+    # ------------------------------------------------------------------ derived values
+    def check_rank(self, rank: int) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not (0 <= rank < self.num_ranks):
+            raise L3ConfigError(f"ranks: rank {rank!r} out of range [0, {self.num_ranks}) (ranks.count / ranks.mapping)")
+
+    def disk_for_rank(self, rank: int) -> int:
+        self.check_rank(rank)
+        return self.rank_to_disk[rank]
+
+    def ranks_on_disk(self, disk: int) -> list[int]:
+        return [r for r, d in enumerate(self.rank_to_disk) if d == disk]
+
+    def rank_budget(self, rank: int) -> int:
+        """Bytes of its disk this rank may use: the disk budget split equally among the ranks mapped to it."""
+        d = self.disk_for_rank(rank)
+        return self.disks[d].budget // len(self.ranks_on_disk(d))
+
+    def slots_per_kind(self, rank: int, slot_bytes: Mapping[str, int]) -> dict[str, int]:
+        """Slots per payload kind (keys: lower-case kind names) for this rank; see the module docstring rule."""
+        if not slot_bytes:
+            raise L3ConfigError("payload kinds: the store needs at least one payload kind")
+        budget = self.rank_budget(rank)
+        if self.payload_weights is None:
+            n = budget // sum(slot_bytes.values())
+            out = {k: n for k in slot_bytes}
+        else:
+            for k in slot_bytes:
+                if k not in self.payload_weights:
+                    raise L3ConfigError(f"payload_weights.{k}: no weight for payload kind {k!r} that the store uses")
+            total_w = sum(self.payload_weights[k] for k in slot_bytes)
+            out = {k: int(budget * self.payload_weights[k] / total_w) // b for k, b in slot_bytes.items()}
+        for k, n in out.items():
+            if n < 1:
+                d = self.disk_for_rank(rank)
+                raise L3ConfigError(
+                    f"disks[{d}].budget: rank {rank}'s share ({budget} B) holds no slot of {k} "
+                    f"({slot_bytes[k]} B per slot); raise the budget")
+        return out
+
+    def slab_dir(self, rank: int, disk: int | None = None) -> str:
+        """``<disk>/<deployment>/rank<r>``: one directory per (deployment, rank); slabs of each kind inside."""
+        d = self.disk_for_rank(rank) if disk is None else disk
+        return os.path.join(self.disks[d].path, self.deployment_id, f"rank{rank}")
+
+
+def example_config(dir: str | os.PathLike) -> str:
+    """A small valid TOML config whose disk and index live under ``dir``."""
+    d = os.path.abspath(os.fspath(dir))
+    return f'''# sglang-glm-ext L3 disk tier. Sizes accept integers (bytes) or strings like "64MiB" / "2GB".
+deployment_id = "example"
+cold_start = "clear"        # "clear" (start empty) | "load" (keep what the index and slabs still agree on)
+require_plp = false         # true: refuse a disk that is not known to have power-loss protection
+plp = "auto"                # "auto" (ask the block device) | "assume_safe" | "assume_unsafe"
+direct_io = "auto"          # "auto" (O_DIRECT, buffered fallback) | "on" | "off"
+
+[[disks]]
+path = "{d}/disk0"
+budget = "1GiB"
+
+[ranks]
+count = 1
+mapping = "balanced"        # rank % number of disks, or an explicit list of disk indices
+
+[index]
+path = "{d}/index"
+map_size = "256MiB"
+
+[gc]
+start = 0.90
+stop = 0.85
+budget_per_round = 64
+
+[queues]
+staging_bytes = "256MiB"
+max_inflight = 256
+write_batch_pages = 32
+io_threads = 4
+reload_threads = 4
+'''
+
+
+def write_example_config(dir: str | os.PathLike) -> str:
+    """Write ``l3.toml`` into ``dir`` (created 0700) and return its path."""
+    d = os.path.abspath(os.fspath(dir))
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    path = os.path.join(d, "l3.toml")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(example_config(d))
+    return path

@@ -1,0 +1,298 @@
+"""On-disk blob format of the L3 tier: one KV page = one self-describing blob in a 4 KiB-aligned slot.
+
+Slot layout (``slot_bytes_for(payload_len)`` bytes, a multiple of ``BLOCK``)::
+
+    [0, 128)                 header (HEADER_SIZE, little-endian, see _HEADER)
+    [128, 128 + payload_len) payload (the page's bytes in the namespace's layout order)
+    [..., slot end)          pad (never read back as payload; contents unspecified)
+
+Header fields (offsets in bytes):
+
+    0   8  magic            b"GLML3BLB"              frozen across all versions
+    8   2  format_version   u16, FORMAT_VERSION        frozen position across all versions
+    10  1  payload_kind     u8, PayloadKind
+    11  1  reserved         must be 0 in v1
+    12  4  flags            u32; bits 0-15 must-understand (v1 defines none), bits 16-31 ignorable
+    16 32  content_hash     SGLang page key (SHA-256) as 32 raw bytes
+    48  8  payload_len      u64
+    56  8  payload_checksum u64, xxh3_64 of the payload bytes
+    64 16  ns_digest        Namespace.digest()
+    80 40  reserved         must be 0 in v1
+    120 8  header_checksum  u64, xxh3_64 of bytes [0, 120)
+
+Invariant kept by every reader here: a blob is returned only if magic, version, header checksum, kind, content
+hash, namespace, length and payload checksum all match what the caller asked for; anything else is a miss with a
+reason, never bytes and never an exception. See docs_internal/l3_format.md for the crash-safety argument.
+
+Checksum: xxh3_64 (xxhash 4.1.0, measured on the 2-core dev VM): ~30 GB/s on a cache-resident 3 MiB buffer,
+~9 GB/s on a cold 512 MiB one (DRAM-bound); crc32 (zlib) did 2.2 GB/s, xxh64 7.9 GB/s. xxhash releases the GIL
+above 64 KiB, so hashing overlaps with the writer/reader threads; two hashing threads gained only 1.1x here
+(memory-bound), which does not matter: one thread hashes ~10x faster than an NVMe drive writes.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+BLOCK = 4096
+MAGIC = b"GLML3BLB"
+FORMAT_VERSION = 1
+HEADER_SIZE = 128
+HASH_BYTES = 32
+NS_DIGEST_BYTES = 16
+
+# Flags whose low 16 bits a reader must understand; v1 defines none, so any of them set means "not for me".
+_MUST_UNDERSTAND_FLAGS = 0x0000FFFF
+_KNOWN_FLAGS = 0
+
+_HEADER = struct.Struct("<8sHBBI32sQQ16s40s")
+_CHECKSUM = struct.Struct("<Q")
+_CHECKSUMMED = _HEADER.size  # bytes covered by the header checksum
+assert _CHECKSUMMED + _CHECKSUM.size == HEADER_SIZE
+_VERSION_AT = struct.Struct("<8sH")  # the frozen prefix: lets a v1 reader name a v2 blob as "unknown_version"
+_ZERO_RESERVED = bytes(40)
+
+
+class PayloadKind(enum.IntEnum):
+    """What a blob holds. Values are on disk: never renumber, only append."""
+
+    TARGET_KV = 1
+    DRAFT_KV = 2
+    INDEX_K = 3
+    DRAFT_INDEX_K = 4
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, value: "str | int | PayloadKind") -> "PayloadKind":
+        if isinstance(value, PayloadKind):
+            return value
+        if isinstance(value, str):
+            for kind in cls:
+                if kind.label == value.strip().lower():
+                    return kind
+        elif isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        valid = ", ".join(k.label for k in cls)
+        raise ValueError(f"unknown L3 payload kind {value!r}; valid: {valid}")
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """Everything that must match for a blob's bytes to be meaningful to a reader.
+
+    Rank is deliberately absent: any rank serving the same shard must read what another rank wrote. ``layout``
+    is part of it because a layer-first gather and a page-first copy produce different byte orders.
+    """
+
+    model: str
+    kv_dtype: str
+    layout: str
+    page_size: int
+    layer_start: int
+    layer_end: int
+    shard: str
+
+    def __post_init__(self) -> None:
+        for name in ("model", "kv_dtype", "layout", "shard"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"Namespace.{name} must be a non-empty string, got {value!r}")
+        for name in ("page_size", "layer_start", "layer_end"):
+            if not isinstance(getattr(self, name), int) or isinstance(getattr(self, name), bool):
+                raise ValueError(f"Namespace.{name} must be an int")
+        if self.page_size <= 0:
+            raise ValueError(f"Namespace.page_size must be > 0, got {self.page_size}")
+        if not 0 <= self.layer_start < self.layer_end:
+            raise ValueError(f"Namespace layer range [{self.layer_start}, {self.layer_end}) is empty or negative")
+
+    def canonical(self) -> bytes:
+        """Stable encoding: sorted-key JSON under a domain tag, so field order in code can never change a digest."""
+        fields = {
+            "model": self.model,
+            "kv_dtype": self.kv_dtype,
+            "layout": self.layout,
+            "page_size": self.page_size,
+            "layer_start": self.layer_start,
+            "layer_end": self.layer_end,
+            "shard": self.shard,
+        }
+        return b"sglang_glm_ext.l3.namespace.v1\0" + json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+
+    def digest(self) -> bytes:
+        return hashlib.blake2b(self.canonical(), digest_size=NS_DIGEST_BYTES).digest()
+
+
+def key_to_bytes(key: "str | bytes | bytearray | memoryview") -> bytes:
+    """SGLang page key (64 hex chars, SHA-256) or its 32 raw bytes -> 32 raw bytes; anything else is ValueError."""
+    if isinstance(key, str):
+        if len(key) != 2 * HASH_BYTES:
+            raise ValueError(f"page key must be {2 * HASH_BYTES} hex chars, got {len(key)} chars")
+        try:
+            return bytes.fromhex(key)
+        except ValueError:
+            raise ValueError(f"page key is not hex: {key!r}") from None
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        raw = bytes(key)
+        if len(raw) != HASH_BYTES:
+            raise ValueError(f"raw page key must be {HASH_BYTES} bytes, got {len(raw)}")
+        return raw
+    raise ValueError(f"page key must be a hex str or {HASH_BYTES} bytes, got {type(key).__name__}")
+
+
+def round_up(n: int, align: int = BLOCK) -> int:
+    return -(-n // align) * align
+
+
+def slot_bytes_for(payload_len: int) -> int:
+    """Smallest BLOCK multiple that holds header + payload (the O_DIRECT transfer unit)."""
+    if payload_len < 0:
+        raise ValueError(f"payload_len must be >= 0, got {payload_len}")
+    return round_up(HEADER_SIZE + payload_len, BLOCK)
+
+
+def payload_checksum(buf) -> int:
+    return xxhash.xxh3_64_intdigest(buf)
+
+
+def _header_checksum(raw) -> int:
+    return xxhash.xxh3_64_intdigest(raw[:_CHECKSUMMED])
+
+
+def encode_header_into(
+    buf,
+    offset: int,
+    *,
+    kind: "PayloadKind | str | int",
+    content_hash: "str | bytes",
+    payload_len: int,
+    payload_checksum: int,
+    ns_digest: bytes,
+    flags: int = 0,
+) -> None:
+    """Write a sealed v1 header at ``buf[offset:offset + HEADER_SIZE]``."""
+    kind = PayloadKind.parse(kind)
+    if len(ns_digest) != NS_DIGEST_BYTES:
+        raise ValueError(f"ns_digest must be {NS_DIGEST_BYTES} bytes, got {len(ns_digest)}")
+    if not 0 <= payload_len < 2**64 or not 0 <= payload_checksum < 2**64:
+        raise ValueError("payload_len and payload_checksum must fit in u64")
+    if flags & _MUST_UNDERSTAND_FLAGS & ~_KNOWN_FLAGS or not 0 <= flags < 2**32:
+        raise ValueError(f"flags {flags:#x} set must-understand bits that v{FORMAT_VERSION} does not define")
+    mv = memoryview(buf).cast("B")
+    _HEADER.pack_into(
+        mv, offset, MAGIC, FORMAT_VERSION, int(kind), 0, flags, key_to_bytes(content_hash),
+        payload_len, payload_checksum, bytes(ns_digest), _ZERO_RESERVED,
+    )
+    _CHECKSUM.pack_into(mv, offset + _CHECKSUMMED, _header_checksum(mv[offset:offset + HEADER_SIZE]))
+
+
+def seal_blob(buf, *, kind, content_hash, ns_digest: bytes, payload_len: int) -> int:
+    """Checksum the payload already placed at ``buf[HEADER_SIZE:]`` and write the header in front of it.
+
+    The spill path gathers a page straight after the header, then seals: no extra copy. Returns the checksum.
+    """
+    mv = memoryview(buf).cast("B")
+    if HEADER_SIZE + payload_len > len(mv):
+        raise ValueError(f"buffer of {len(mv)} B cannot hold header + {payload_len} B payload")
+    checksum = payload_checksum(mv[HEADER_SIZE:HEADER_SIZE + payload_len])
+    encode_header_into(mv, 0, kind=kind, content_hash=content_hash, payload_len=payload_len,
+                       payload_checksum=checksum, ns_digest=ns_digest)
+    return checksum
+
+
+@dataclass(frozen=True)
+class BlobHeader:
+    version: int
+    kind: PayloadKind
+    flags: int
+    content_hash: bytes
+    payload_len: int
+    payload_checksum: int
+    ns_digest: bytes
+
+    @property
+    def slot_bytes(self) -> int:
+        return slot_bytes_for(self.payload_len)
+
+
+def parse_header_reason(buf) -> "tuple[BlobHeader | None, str]":
+    """(header, "ok") or (None, reason). Never raises on bad bytes.
+
+    Reasons: "short", "empty" (all-zero: never written or discarded), "bad_magic", "unknown_version",
+    "header_checksum", "unknown_kind", "unknown_flags", "reserved_nonzero".
+    """
+    try:
+        mv = memoryview(buf).cast("B")
+    except TypeError:
+        return None, "short"
+    if len(mv) < HEADER_SIZE:
+        return None, "short"
+    raw = mv[:HEADER_SIZE]
+    magic, version = _VERSION_AT.unpack_from(raw, 0)
+    if magic != MAGIC:
+        return None, "empty" if not any(raw) else "bad_magic"
+    if version != FORMAT_VERSION:
+        return None, "unknown_version"
+    (stored,) = _CHECKSUM.unpack_from(raw, _CHECKSUMMED)
+    if stored != _header_checksum(raw):
+        return None, "header_checksum"
+    _, _, kind, reserved8, flags, chash, plen, pcsum, nsd, reserved = _HEADER.unpack_from(raw, 0)
+    if kind not in PayloadKind._value2member_map_:
+        return None, "unknown_kind"
+    if flags & _MUST_UNDERSTAND_FLAGS & ~_KNOWN_FLAGS:
+        return None, "unknown_flags"
+    if reserved8 or reserved != _ZERO_RESERVED:
+        return None, "reserved_nonzero"
+    return BlobHeader(version, PayloadKind(kind), flags, chash, plen, pcsum, nsd), "ok"
+
+
+def parse_header(buf) -> "BlobHeader | None":
+    return parse_header_reason(buf)[0]
+
+
+def verify_blob_reason(
+    buf, *, kind, content_hash, ns_digest: bytes, payload_len: "int | None" = None,
+) -> "tuple[memoryview | None, str]":
+    """(payload view, "ok") only if the blob is exactly the page asked for; else (None, reason).
+
+    Beyond the header reasons: "kind_mismatch", "hash_mismatch", "namespace_mismatch", "length_mismatch",
+    "truncated" (buffer shorter than header + payload), "payload_checksum". A caller bug (an unparseable kind
+    or key) still raises: that is not a property of the disk.
+    """
+    want_kind = PayloadKind.parse(kind)
+    want_hash = key_to_bytes(content_hash)
+    header, reason = parse_header_reason(buf)
+    if header is None:
+        return None, reason
+    if header.kind != want_kind:
+        return None, "kind_mismatch"
+    if header.content_hash != want_hash:
+        return None, "hash_mismatch"
+    if header.ns_digest != bytes(ns_digest):
+        return None, "namespace_mismatch"
+    if payload_len is not None and header.payload_len != payload_len:
+        return None, "length_mismatch"
+    mv = memoryview(buf).cast("B")
+    end = HEADER_SIZE + header.payload_len
+    if end > len(mv):
+        return None, "truncated"
+    payload = mv[HEADER_SIZE:end]
+    if payload_checksum(payload) != header.payload_checksum:
+        return None, "payload_checksum"
+    return payload, "ok"
+
+
+def verify_blob(buf, *, kind, content_hash, ns_digest: bytes, payload_len: "int | None" = None) -> "memoryview | None":
+    return verify_blob_reason(buf, kind=kind, content_hash=content_hash, ns_digest=ns_digest,
+                              payload_len=payload_len)[0]

@@ -1,0 +1,272 @@
+"""The shared L3 index: one embedded LMDB environment per node, opened by every rank at once.
+
+Key (57 bytes)   = deployment tag (8) | namespace digest (16) | payload kind (1) | content hash (32)
+Value (16 bytes) = owner rank (u16) | disk index (u16) | slot (u32) | last access (u64, microseconds since epoch)
+
+The deployment tag leads the key so everything one deployment owns is a contiguous key range (cold-start
+``clear`` and ``fsck`` scan only that range). The rank is in the value, not the key: a page is content-addressed
+within its namespace, and any rank reads a blob another rank wrote.
+
+Invariants:
+* An entry is written only after its payload is durable (the store's writer calls :meth:`commit_puts` after
+  fdatasync); an entry therefore never points at bytes that a crash can lose.
+* Deletes that reclaim a slot are conditional (:meth:`delete_if`): they remove the entry only if it still names
+  the same (rank, disk, slot), so one rank never deletes an entry another rank has since written.
+* A full map (``lmdb.MapFullError``) aborts the transaction and is reported as ``False`` / a counted miss; it never
+  propagates to the data path.
+
+LMDB's own lock file makes the environment safe for several processes (``lock=True``); write transactions are
+serialised across processes by it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import time
+from typing import Iterable, Iterator, NamedTuple, Sequence
+
+import lmdb
+
+__all__ = ["IndexEntry", "L3Index", "deployment_tag", "make_key", "split_key", "now_us", "KEY_LEN", "VALUE_LEN"]
+
+_VALUE = struct.Struct("<HHIQ")
+KEY_LEN = 8 + 16 + 1 + 32
+VALUE_LEN = _VALUE.size
+_DB_NAME = b"pages"
+
+
+def now_us() -> int:
+    """Wall-clock microseconds: last-access times must stay comparable across restarts and processes."""
+    return time.time_ns() // 1000
+
+
+def deployment_tag(deployment_id: str) -> bytes:
+    return hashlib.blake2b(deployment_id.encode("utf-8"), digest_size=8, person=b"glm-l3-dep").digest()
+
+
+def make_key(dep_tag: bytes, ns_digest: bytes, kind: int, content_hash: bytes) -> bytes:
+    return dep_tag + ns_digest + bytes((int(kind),)) + content_hash
+
+
+def split_key(key: bytes) -> tuple[bytes, bytes, int, bytes]:
+    """(deployment tag, namespace digest, kind, content hash)."""
+    return key[:8], key[8:24], key[24], key[25:57]
+
+
+class IndexEntry(NamedTuple):
+    rank: int
+    disk: int
+    slot: int
+    last_access: int
+
+    def pack(self) -> bytes:
+        return _VALUE.pack(self.rank, self.disk, self.slot, self.last_access)
+
+    @staticmethod
+    def unpack(b) -> "IndexEntry":
+        return IndexEntry(*_VALUE.unpack(b))
+
+    def same_location(self, other: "IndexEntry") -> bool:
+        return self.rank == other.rank and self.disk == other.disk and self.slot == other.slot
+
+
+class L3Index:
+    """LMDB environment + one named database. Thread-safe: read txns per call, write txns serialised by LMDB."""
+
+    def __init__(self, env: lmdb.Environment, path: str, map_size: int, readonly: bool):
+        self.env = env
+        self.path = path
+        self.map_size = map_size
+        self.readonly = readonly
+        self.db = env.open_db(_DB_NAME, create=not readonly) if not readonly else env.open_db(_DB_NAME, create=False)
+        self.index_full = 0  # puts refused because the map is full (monotonic)
+
+    @classmethod
+    def open(cls, path: str, map_size: int, *, readonly: bool = False, max_readers: int = 1024) -> "L3Index":
+        """Open (creating 0700 / 0600 if needed) the index environment at ``path``. Errors are loud (OSError /
+        lmdb.Error with the path): they happen at store open, never on the data path."""
+        path = os.path.abspath(path)
+        if not readonly:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            os.chmod(path, 0o700)
+        try:
+            env = lmdb.open(
+                path, map_size=map_size, subdir=True, readonly=readonly, lock=True, max_dbs=4,
+                max_readers=max_readers, mode=0o600, readahead=False, meminit=False,
+                # sync + metasync: a committed entry survives power loss (given the disk honours flushes / PLP).
+                sync=True, metasync=True, create=not readonly,
+            )
+        except lmdb.Error as e:
+            raise OSError(f"L3 index: cannot open LMDB environment at {path!r}: {e}") from e
+        if not readonly:
+            for name in ("data.mdb", "lock.mdb"):
+                p = os.path.join(path, name)
+                if os.path.exists(p):
+                    os.chmod(p, 0o600)
+        return cls(env, path, map_size, readonly)
+
+    # ------------------------------------------------------------------ reads
+    def get(self, key: bytes) -> IndexEntry | None:
+        with self.env.begin(db=self.db, buffers=False) as txn:
+            v = txn.get(key)
+        return IndexEntry.unpack(v) if v is not None else None
+
+    def get_many(self, keys: Sequence[bytes]) -> list[IndexEntry | None]:
+        """One read transaction for the whole batch (one consistent snapshot)."""
+        out: list[IndexEntry | None] = []
+        with self.env.begin(db=self.db, buffers=False) as txn:
+            get = txn.get
+            for k in keys:
+                v = get(k)
+                out.append(IndexEntry.unpack(v) if v is not None else None)
+        return out
+
+    def prefix_len(self, keys: Iterable[bytes]) -> int:
+        """Length of the contiguous run of present keys from the start (stops at the first miss)."""
+        n = 0
+        with self.env.begin(db=self.db, buffers=True) as txn:
+            get = txn.get
+            for k in keys:
+                if get(k) is None:
+                    break
+                n += 1
+        return n
+
+    def iter_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, IndexEntry]]:
+        """All (key, entry) whose key starts with ``prefix``; materialised in one read txn."""
+        items = []
+        with self.env.begin(db=self.db, buffers=False) as txn:
+            cur = txn.cursor()
+            if cur.set_range(prefix):
+                for k, v in cur:
+                    if not k.startswith(prefix):
+                        break
+                    items.append((k, IndexEntry.unpack(v)))
+        return iter(items)
+
+    def iter_rank(self, dep_tag: bytes, rank: int, ns_digest: bytes | None = None) -> Iterator[tuple[bytes, IndexEntry]]:
+        """Entries of this deployment (and namespace, if given) owned by ``rank`` (cold start, clear, fsck)."""
+        prefix = dep_tag + (ns_digest or b"")
+        return ((k, e) for k, e in self.iter_prefix(prefix) if e.rank == rank)
+
+    def count(self) -> int:
+        with self.env.begin(db=self.db) as txn:
+            return txn.stat(self.db)["entries"]
+
+    def stat(self) -> dict:
+        """LMDB B-tree stats plus bytes used by the data file (for sizing)."""
+        with self.env.begin(db=self.db) as txn:
+            s = dict(txn.stat(self.db))
+        s["bytes_used"] = (s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]) * s["psize"]
+        return s
+
+    # ------------------------------------------------------------------ writes
+    def put(self, key: bytes, entry: IndexEntry) -> bool:
+        """Unconditional put. False (and ``index_full`` += 1) when the map is full."""
+        try:
+            with self.env.begin(db=self.db, write=True) as txn:
+                txn.put(key, entry.pack())
+            return True
+        except lmdb.MapFullError:
+            self.index_full += 1
+            return False
+
+    def commit_puts(self, items: Sequence[tuple[bytes, IndexEntry]]) -> list[IndexEntry | None] | None:
+        """Insert-if-absent for a batch in ONE transaction (one commit = one sync for the whole batch).
+
+        Returns, per item, ``None`` when this item's entry was written, or the existing entry that won (another
+        rank or an earlier spill stored the same page first: the caller frees its own slot). Returns ``None``
+        overall when the map is full: the transaction is aborted and nothing of the batch is present.
+        """
+        out: list[IndexEntry | None] = []
+        try:
+            with self.env.begin(db=self.db, write=True) as txn:
+                for key, entry in items:
+                    packed = entry.pack()
+                    if txn.put(key, packed, overwrite=False):
+                        out.append(None)
+                    else:
+                        out.append(IndexEntry.unpack(txn.get(key)))
+            return out
+        except lmdb.MapFullError:
+            self.index_full += len(items)
+            return None
+
+    def delete(self, key: bytes) -> bool:
+        try:
+            with self.env.begin(db=self.db, write=True) as txn:
+                return txn.delete(key)
+        except lmdb.MapFullError:
+            return False
+
+    def delete_if(self, items: Sequence[tuple[bytes, IndexEntry]], *, newer_than_wins: bool = False
+                  ) -> list[bool | IndexEntry] | None:
+        """Conditional delete in one transaction: remove ``key`` only if its entry still names the same location.
+
+        With ``newer_than_wins`` an entry whose stored last_access is newer than the given one is kept and returned
+        (another rank touched it; the GC re-queues it instead of reclaiming). Returns per item True (deleted),
+        False (absent or points elsewhere) or the newer entry; ``None`` if LMDB could not commit (map full).
+        """
+        out: list[bool | IndexEntry] = []
+        try:
+            with self.env.begin(db=self.db, write=True) as txn:
+                for key, expect in items:
+                    v = txn.get(key)
+                    if v is None:
+                        out.append(False)
+                        continue
+                    cur = IndexEntry.unpack(v)
+                    if not cur.same_location(expect):
+                        out.append(False)
+                    elif newer_than_wins and cur.last_access > expect.last_access:
+                        out.append(cur)
+                    else:
+                        txn.delete(key)
+                        out.append(True)
+            return out
+        except lmdb.MapFullError:
+            return None
+
+    def touch_many(self, items: Sequence[tuple[bytes, int]]) -> bool:
+        """Raise last_access to ``ts`` (max, never lower) for keys that still exist. One transaction."""
+        try:
+            with self.env.begin(db=self.db, write=True) as txn:
+                for key, ts in items:
+                    v = txn.get(key)
+                    if v is None:
+                        continue
+                    cur = IndexEntry.unpack(v)
+                    if ts > cur.last_access:
+                        txn.put(key, cur._replace(last_access=ts).pack())
+            return True
+        except lmdb.MapFullError:
+            return False
+
+    def delete_for(self, dep_tag: bytes, rank: int, ns_digest: bytes | None = None, *,
+                   keep_ns: bytes | None = None) -> int:
+        """Delete entries of this deployment owned by ``rank`` (optionally only one namespace, or all namespaces
+        but ``keep_ns``). Entries of other deployments and other ranks are never touched. Returns the count."""
+        prefix = dep_tag + (ns_digest or b"")
+        n = 0
+        batch: list[bytes] = []
+        for k, e in self.iter_prefix(prefix):
+            if e.rank != rank:
+                continue
+            if keep_ns is not None and k[8:24] == keep_ns:
+                continue
+            batch.append(k)
+        # Chunked so one huge clear does not need one huge dirty-page set in a single transaction.
+        for i in range(0, len(batch), 4096):
+            with self.env.begin(db=self.db, write=True) as txn:
+                for k in batch[i:i + 4096]:
+                    if txn.delete(k):
+                        n += 1
+        return n
+
+    def close(self) -> None:
+        try:
+            self.env.close()
+        except Exception:
+            pass
