@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 import xxhash
 
+from .aligned import AlignedBuffer
+
 BLOCK = 4096
 MAGIC = b"GLML3BLB"
 FORMAT_VERSION = 1
@@ -151,6 +153,12 @@ def key_to_bytes(key: "str | bytes | bytearray | memoryview") -> bytes:
     raise ValueError(f"page key must be a hex str or {HASH_BYTES} bytes, got {type(key).__name__}")
 
 
+def _bytes(buf) -> memoryview:
+    """Flat byte view of any C-contiguous buffer or AlignedBuffer (py3.10/3.11 have no __buffer__ hook)."""
+    view = buf.view if isinstance(buf, AlignedBuffer) else memoryview(buf)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
 def round_up(n: int, align: int = BLOCK) -> int:
     return -(-n // align) * align
 
@@ -163,7 +171,7 @@ def slot_bytes_for(payload_len: int) -> int:
 
 
 def payload_checksum(buf) -> int:
-    return xxhash.xxh3_64_intdigest(buf)
+    return xxhash.xxh3_64_intdigest(_bytes(buf))
 
 
 def _header_checksum(raw) -> int:
@@ -189,7 +197,7 @@ def encode_header_into(
         raise ValueError("payload_len and payload_checksum must fit in u64")
     if flags & _MUST_UNDERSTAND_FLAGS & ~_KNOWN_FLAGS or not 0 <= flags < 2**32:
         raise ValueError(f"flags {flags:#x} set must-understand bits that v{FORMAT_VERSION} does not define")
-    mv = memoryview(buf).cast("B")
+    mv = _bytes(buf)
     _HEADER.pack_into(
         mv, offset, MAGIC, FORMAT_VERSION, int(kind), 0, flags, key_to_bytes(content_hash),
         payload_len, payload_checksum, bytes(ns_digest), _ZERO_RESERVED,
@@ -202,7 +210,7 @@ def seal_blob(buf, *, kind, content_hash, ns_digest: bytes, payload_len: int) ->
 
     The spill path gathers a page straight after the header, then seals: no extra copy. Returns the checksum.
     """
-    mv = memoryview(buf).cast("B")
+    mv = _bytes(buf)
     if HEADER_SIZE + payload_len > len(mv):
         raise ValueError(f"buffer of {len(mv)} B cannot hold header + {payload_len} B payload")
     checksum = payload_checksum(mv[HEADER_SIZE:HEADER_SIZE + payload_len])
@@ -232,9 +240,11 @@ def parse_header_reason(buf) -> "tuple[BlobHeader | None, str]":
     Reasons: "short", "empty" (all-zero: never written or discarded), "bad_magic", "unknown_version",
     "header_checksum", "unknown_kind", "unknown_flags", "reserved_nonzero".
     """
+    if buf is None:
+        return None, "empty"
     try:
-        mv = memoryview(buf).cast("B")
-    except TypeError:
+        mv = _bytes(buf)
+    except (TypeError, ValueError):
         return None, "short"
     if len(mv) < HEADER_SIZE:
         return None, "short"
@@ -283,7 +293,7 @@ def verify_blob_reason(
         return None, "namespace_mismatch"
     if payload_len is not None and header.payload_len != payload_len:
         return None, "length_mismatch"
-    mv = memoryview(buf).cast("B")
+    mv = _bytes(buf)
     end = HEADER_SIZE + header.payload_len
     if end > len(mv):
         return None, "truncated"

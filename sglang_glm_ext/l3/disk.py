@@ -1,0 +1,409 @@
+"""One preallocated slab file per (payload kind, disk, rank): fixed-size slots, single-transfer I/O.
+
+Decided once at ``DiskSlab.open`` (then the hot path has no decisions left): the geometry, the exclusive lock,
+preallocation, and the I/O mode -- O_DIRECT where the filesystem accepts it, else buffered I/O + fdatasync
+(``io_mode`` / ``fallback_reason`` say which and why).
+
+Existing files: a slab whose size is exactly ``slot_bytes * num_slots`` is reopened as is (its blobs are the
+durable tier); any other size is a ``SlabGeometryError`` -- silently resizing would reinterpret every slot
+boundary, so the operator must delete the file or restore the old geometry.
+
+Preallocation uses fallocate(2) mode 0 (what posix_fallocate does on ext4/xfs), called directly: glibc's
+posix_fallocate silently emulates on filesystems without fallocate by writing one byte per 4 KiB block, which
+on a multi-TB slab is a startup measured in hours. Unsupported -> ftruncate (sparse), reported in ``prealloc``.
+
+Fault injection (tests): every write goes through ``self._pwrite(fd, data, offset) -> int`` (default
+``os.pwrite``). ``slab.inject_write_fault(fail_write(errno.ENOSPC))``, ``torn_write(keep_bytes)`` or
+``short_write(max_bytes)`` replace it; ``inject_write_fault(None)`` restores. Errors surface as OSError from
+``write_slot``; the store turns them into counted misses.
+
+Thread safety: reads and writes use positional I/O and may run from several threads; ``close`` must not race them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import os
+import stat
+import threading
+from typing import Callable
+
+from .aligned import AlignedBuffer, buffer_address
+from .format import BLOCK, HEADER_SIZE, round_up
+from .plp import PlpReport, PlpRequiredError, check_plp, probe_plp  # noqa: F401  (re-exported for the store)
+
+__all__ = [
+    "DiskSlab", "SlabError", "SlabLockedError", "SlabGeometryError", "DirectIOUnavailable",
+    "fail_write", "torn_write", "short_write", "probe_plp", "check_plp", "PlpReport", "PlpRequiredError",
+]
+
+PWrite = Callable[[int, memoryview, int], int]
+
+
+class SlabError(RuntimeError):
+    """A slab cannot be opened as asked; the message names the path and what to do."""
+
+
+class SlabLockedError(SlabError):
+    pass
+
+
+class SlabGeometryError(SlabError):
+    pass
+
+
+class DirectIOUnavailable(SlabError):
+    pass
+
+
+def _libc_fallocate():
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_FALLOCATE = _libc_fallocate()
+
+
+def _fallocate(fd: int, length: int) -> None:
+    """Allocate blocks for [0, length); raises OSError (EOPNOTSUPP where the filesystem cannot)."""
+    if _FALLOCATE is None:
+        raise OSError(errno.EOPNOTSUPP, "fallocate(2) not available in libc")
+    if _FALLOCATE(fd, 0, 0, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _enable_direct(fd: int) -> None:
+    """Seam for tests: Linux lets O_DIRECT be toggled on an open fd; EINVAL means the filesystem refuses it."""
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+
+
+def _make_private_dirs(parent: str) -> None:
+    """Create missing directories 0700 (chmod after mkdir: umask must not widen or narrow it).
+
+    Existing directories are left alone: the parent of a slab dir may be a shared mount point.
+    """
+    missing = []
+    d = parent
+    while d and not os.path.isdir(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(d, 0o700)
+
+
+class DiskSlab:
+    """``num_slots`` slots of ``slot_bytes`` (a BLOCK multiple) at offset ``slot * slot_bytes``.
+
+    Invariant: while open, this process holds an exclusive flock on the file, so no other server on the node
+    can write the same slab.
+    """
+
+    _pwrite: PWrite = staticmethod(os.pwrite)
+
+    def __init__(self, *, path: str, fd: int, slot_bytes: int, num_slots: int, io_mode: str,
+                 fallback_reason: "str | None", prealloc: str, prealloc_reason: "str | None", created: bool):
+        self.path = path
+        self._fd = fd
+        self.slot_bytes = slot_bytes
+        self.num_slots = num_slots
+        self.size_bytes = slot_bytes * num_slots
+        self.io_mode = io_mode
+        self.fallback_reason = fallback_reason
+        self.prealloc = prealloc
+        self.prealloc_reason = prealloc_reason
+        self.created = created
+        self.counters = {"direct_reads": 0, "bounce_reads": 0, "buffered_reads": 0, "writes": 0}
+        self._local = threading.local()
+        self._owned_buffers: list[AlignedBuffer] = []
+        self._owned_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ open / close
+    @classmethod
+    def open(cls, path, *, slot_bytes: int, num_slots: int, create: bool = True,
+             direct: "str | bool" = "auto") -> "DiskSlab":
+        path = os.path.abspath(os.fspath(path))
+        for name, value in (("slot_bytes", slot_bytes), ("num_slots", num_slots)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise SlabError(f"L3 slab {path}: {name} must be a positive int, got {value!r}")
+        if slot_bytes % BLOCK:
+            raise SlabError(f"L3 slab {path}: slot_bytes {slot_bytes} is not a multiple of {BLOCK}")
+        if direct not in ("auto", True, False):
+            raise SlabError(f"L3 slab {path}: direct must be 'auto', True or False, got {direct!r}")
+        size = slot_bytes * num_slots
+
+        try:
+            if create:
+                _make_private_dirs(os.path.dirname(path))
+            existed = os.path.exists(path)
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
+        except FileNotFoundError as e:
+            raise SlabError(f"L3 slab {path} does not exist (create=False)") from e
+        except OSError as e:
+            raise SlabError(f"cannot open L3 slab {path}: {e.strerror or e}") from e
+
+        locked = False
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise SlabError(f"L3 slab {path} is not a regular file")
+            if stat.S_IMODE(st.st_mode) != 0o600:
+                os.fchmod(fd, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise SlabLockedError(
+                    f"L3 slab {path} is locked by another process (another server on this node using the same "
+                    f"rank and disk?); give each server its own L3 directory") from None
+            locked = True
+            current = os.fstat(fd).st_size
+            if current not in (0, size):
+                raise SlabGeometryError(
+                    f"L3 slab {path} is {current} B but the config asks for {num_slots} slots x {slot_bytes} B = "
+                    f"{size} B; delete the file (its cached pages are lost) or restore the old geometry")
+            prealloc, prealloc_reason = cls._preallocate(fd, path, size, created=not existed)
+            io_mode, fallback_reason = cls._choose_io_mode(fd, path, direct)
+        except BaseException:
+            os.close(fd)
+            if locked and not existed:  # only a file this call created and nobody else could have opened
+                _unlink_quietly(path)
+            raise
+        return cls(path=path, fd=fd, slot_bytes=slot_bytes, num_slots=num_slots, io_mode=io_mode,
+                   fallback_reason=fallback_reason, prealloc=prealloc, prealloc_reason=prealloc_reason,
+                   created=not existed)
+
+    @staticmethod
+    def _preallocate(fd: int, path: str, size: int, *, created: bool) -> "tuple[str, str | None]":
+        try:
+            _fallocate(fd, size)
+            return "fallocate", None
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise SlabError(f"L3 slab {path}: no space to preallocate {size} B; lower the disk budget") from e
+            if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise SlabError(f"L3 slab {path}: preallocation failed: {e}") from e
+            os.ftruncate(fd, size)
+            return "ftruncate", f"fallocate unsupported here ({e.strerror}); slab is sparse, ENOSPC may surface on write"
+
+    @staticmethod
+    def _choose_io_mode(fd: int, path: str, direct) -> "tuple[str, str | None]":
+        if direct is False:
+            return "buffered", "direct=False requested"
+        probe = AlignedBuffer(BLOCK)
+        try:
+            _enable_direct(fd)
+            os.preadv(fd, [probe.view], 0)  # some filesystems accept the flag and refuse the I/O
+            return "o_direct", None
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise SlabError(f"L3 slab {path}: O_DIRECT probe failed: {e}") from e
+            if direct is True:
+                raise DirectIOUnavailable(f"L3 slab {path}: filesystem refuses O_DIRECT ({e.strerror}) and "
+                                          f"direct=True was required") from e
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+            return "buffered", f"O_DIRECT refused ({errno.errorcode.get(e.errno, e.errno)}: {e.strerror})"
+        finally:
+            probe.close()
+
+    def close(self) -> None:
+        """Release the lock and the bounce buffers. Idempotent."""
+        if self._fd < 0:
+            return
+        fd, self._fd = self._fd, -1
+        os.close(fd)  # drops the flock with the last reference to the open file description
+        with self._owned_lock:
+            for buf in self._owned_buffers:
+                try:
+                    buf.close()
+                except BufferError:
+                    pass
+            self._owned_buffers.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    def __enter__(self) -> "DiskSlab":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"DiskSlab({self.path!r}, slots={self.num_slots}x{self.slot_bytes}, io={self.io_mode}, "
+                f"prealloc={self.prealloc})")
+
+    # ------------------------------------------------------------------ I/O
+    def _offset(self, slot: int) -> int:
+        if self._fd < 0:
+            raise ValueError(f"L3 slab {self.path} is closed")
+        if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < self.num_slots:
+            raise IndexError(f"slot {slot!r} out of range [0, {self.num_slots}) in {self.path}")
+        return slot * self.slot_bytes
+
+    def _thread_buffer(self, name: str, size: int) -> AlignedBuffer:
+        buf = getattr(self._local, name, None)
+        if buf is None or buf.closed:
+            buf = AlignedBuffer(size)
+            setattr(self._local, name, buf)
+            with self._owned_lock:
+                self._owned_buffers.append(buf)
+        return buf
+
+    def write_slot(self, slot: int, buf) -> None:
+        """Write ``buf`` (a BLOCK multiple, at most slot_bytes; page-aligned under O_DIRECT) at the slot's start.
+
+        Durable only after ``sync()``. Raises OSError on I/O failure (including a write that makes no progress).
+        """
+        offset = self._offset(slot)
+        view = _byte_view(buf)
+        n = len(view)
+        if n == 0 or n > self.slot_bytes or n % BLOCK:
+            raise ValueError(f"write of {n} B: must be a non-zero multiple of {BLOCK} <= slot_bytes {self.slot_bytes}")
+        if self.io_mode == "o_direct" and buffer_address(view) % BLOCK:
+            raise ValueError("O_DIRECT write needs a BLOCK-aligned buffer (use AlignedBuffer)")
+        done = 0
+        while done < n:
+            wrote = self._pwrite(self._fd, view[done:], offset + done)
+            if wrote <= 0:
+                raise OSError(errno.EIO, f"write made no progress at byte {done} of {n} (slot {slot}, {self.path})")
+            done += wrote
+        self.counters["writes"] += 1
+
+    def sync(self) -> None:
+        """fdatasync, also under O_DIRECT: it flushes the drive's volatile cache and commits the unwritten-extent
+        conversion of a preallocated range, without which a rewritten slot may read back as zeros after a crash."""
+        os.fdatasync(self._fd)
+
+    def read_slot_into(self, slot: int, dst, nbytes: int, *, bounce: "AlignedBuffer | None" = None) -> int:
+        """Copy the slot's first ``nbytes`` into ``dst[:nbytes]`` with one read of ``roundup(nbytes, BLOCK)``.
+
+        Under O_DIRECT the read lands in ``dst`` itself when dst is BLOCK-aligned and has room for the rounded
+        length; otherwise in ``bounce`` (or this thread's slot-sized bounce buffer) and is then copied.
+        Returns nbytes. Raises OSError on I/O failure or a short read.
+        """
+        offset = self._offset(slot)
+        out = _byte_view(dst)
+        if out.readonly:
+            raise ValueError("read destination is read-only")
+        if not 0 < nbytes <= self.slot_bytes or nbytes > len(out):
+            raise ValueError(f"read of {nbytes} B into {len(out)} B (slot_bytes {self.slot_bytes})")
+        if self.io_mode != "o_direct":
+            _pread_exact(self._fd, out[:nbytes], offset)
+            self.counters["buffered_reads"] += 1
+            return nbytes
+        io_len = round_up(nbytes, BLOCK)
+        if len(out) >= io_len and buffer_address(out) % BLOCK == 0:
+            _pread_exact(self._fd, out[:io_len], offset)
+            self.counters["direct_reads"] += 1
+            return nbytes
+        if bounce is None:
+            bounce = self._thread_buffer("bounce", self.slot_bytes)
+        elif len(bounce) < io_len or bounce.address % BLOCK:
+            raise ValueError(f"bounce buffer must be BLOCK-aligned and >= {io_len} B")
+        _pread_exact(self._fd, bounce.view[:io_len], offset)
+        out[:nbytes] = bounce.view[:nbytes]
+        self.counters["bounce_reads"] += 1
+        return nbytes
+
+    def read_header(self, slot: int) -> bytes:
+        """The slot's first HEADER_SIZE bytes, read as one BLOCK (cold start scans headers without payloads)."""
+        offset = self._offset(slot)
+        block = self._thread_buffer("header_block", BLOCK)
+        _pread_exact(self._fd, block.view, offset)
+        return bytes(block.view[:HEADER_SIZE])
+
+    def drop_cache(self) -> None:
+        """Ask the kernel to drop this file's cached pages (buffered mode benchmarks; no effect under O_DIRECT)."""
+        os.posix_fadvise(self._fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def inject_write_fault(self, pwrite: "PWrite | None") -> None:
+        """Test seam: route writes through ``pwrite(fd, data, offset) -> int``; None restores os.pwrite."""
+        if pwrite is None:
+            self.__dict__.pop("_pwrite", None)
+        else:
+            self._pwrite = pwrite
+
+
+# ---------------------------------------------------------------------- helpers
+def _byte_view(buf) -> memoryview:
+    if isinstance(buf, AlignedBuffer):
+        return buf.view
+    view = memoryview(buf)
+    if not view.c_contiguous:
+        raise ValueError("buffer must be C-contiguous")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def _pread_exact(fd: int, view: memoryview, offset: int) -> None:
+    done, n = 0, len(view)
+    while done < n:
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise OSError(errno.EIO, f"short read: {done} of {n} B at offset {offset}")
+        done += got
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------------- write faults for tests
+def fail_write(err: int = errno.EIO, *, after: int = 0) -> PWrite:
+    """A pwrite that succeeds ``after`` times, then raises OSError(err) (ENOSPC, EIO, ...)."""
+    state = {"left": after}
+
+    def pwrite(fd, data, offset):
+        if state["left"] > 0:
+            state["left"] -= 1
+            return os.pwrite(fd, data, offset)
+        raise OSError(err, f"injected: {os.strerror(err)}")
+
+    return pwrite
+
+
+def torn_write(keep_bytes: int, *, report: str = "error") -> PWrite:
+    """A pwrite that really writes only the first ``keep_bytes`` (rounded down to BLOCK) of each transfer.
+
+    report="error": then raises EIO (a crash mid-write that the writer saw). report="success": claims the
+    full length (a drive that acked and lost the tail at power loss) -- only the checksums can catch that.
+    """
+    if report not in ("error", "success"):
+        raise ValueError("report must be 'error' or 'success'")
+    keep = keep_bytes // BLOCK * BLOCK
+
+    def pwrite(fd, data, offset):
+        if keep:
+            os.pwrite(fd, memoryview(data)[:keep], offset)
+        if report == "error":
+            raise OSError(errno.EIO, f"injected torn write after {keep} B")
+        return len(data)
+
+    return pwrite
+
+
+def short_write(max_bytes: int = BLOCK) -> PWrite:
+    """A pwrite that transfers at most ``max_bytes`` (a BLOCK multiple) per call: exercises the short-write loop."""
+    step = max(BLOCK, max_bytes // BLOCK * BLOCK)
+
+    def pwrite(fd, data, offset):
+        return os.pwrite(fd, memoryview(data)[:step], offset)
+
+    return pwrite
