@@ -1,0 +1,961 @@
+"""L3Store: the durable disk tier for one rank: spill, exists, reload, free, clear, GC, cold start.
+
+Threads and ownership (plan once, run without decisions):
+
+* Caller threads (the scheduler / HiCache I/O threads) call ``spill*``, ``exists``, ``reload*``, ``free``,
+  ``clear``, ``flush``, ``stats``. ``spill`` only copies into a staging buffer and queues; it never touches a slot
+  pool and never blocks on the disk.
+* ONE writer thread owns every slot pool and the GC LRU (no lock on either). It seals blobs (header + xxh3),
+  hands O_DIRECT writes to a small I/O pool, fdatasyncs once per batch, then commits the index entries in one
+  LMDB transaction. It also runs GC, frees, clears and reload touches, all received through queues.
+* Reload runs on the caller's thread (plus a small read pool for batches); it only reads the index and the slabs.
+
+Invariants (the crash-safety argument is in docs_internal/l3_design.md):
+
+1. A page is present (``exists`` counts it, ``reload`` may return it) only once its index entry is committed,
+   and an entry is committed only after the payload's fdatasync returned.
+2. Reclaim (GC, free, verify failure) deletes the index entry, commits, and only then frees the slot: a reader
+   that looked the entry up earlier reads either the old blob or a newer one whose header names a different
+   page (verify -> miss). It never gets another page's bytes.
+3. After a ``load`` cold start every slot the index references for this rank is allocated in its pool; the pool
+   only hands out slots no entry points at.
+4. Data-path calls never raise: a failure is a miss plus a counter. Bad configuration raises at ``open``.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import heapq
+import json
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .aligned import AlignedBuffer, is_aligned
+from .config import L3Config, L3ConfigError
+from .format import (
+    FORMAT_VERSION,
+    HEADER_SIZE,
+    Namespace,
+    PayloadKind,
+    key_to_bytes,
+    parse_header,
+    seal_blob,
+    slot_bytes_for,
+    verify_blob_reason,
+)
+from .index import IndexEntry, L3Index, deployment_tag, make_key, now_us
+from .slot_pool import SlotPool
+
+log = logging.getLogger(__name__)
+
+__all__ = ["L3Store", "L3StoreError", "ReadOnlySlab", "slab_path", "read_slab_meta"]
+
+_TOUCH_PERSIST_INTERVAL_S = 1.0  # reload touches reach the shared index at most this often (coalesced)
+_MAX_BATCH_WAIT_S = 0.002  # writer waits this long for a batch to fill before writing what it has
+
+
+class L3StoreError(RuntimeError):
+    """Open-time failure (bad path, locked slab, PLP refused, budget too small). Never raised on the data path."""
+
+
+def slab_path(config: L3Config, rank: int, kind: PayloadKind, disk: int | None = None) -> str:
+    return os.path.join(config.slab_dir(rank, disk), f"{kind.label}.slab")
+
+
+def read_slab_meta(path: str) -> dict | None:
+    """The JSON sidecar (``<slab>.meta.json``) the owner writes at open: slot size and count for readers / fsck."""
+    try:
+        with open(path + ".meta.json", "r") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _write_meta(path: str, meta: dict) -> None:
+    tmp = path + ".meta.json.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(meta, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path + ".meta.json")
+
+
+class ReadOnlySlab:
+    """Read-only, lock-free view of a slab file (another rank's, or our own for parallel reads).
+
+    The writer's exclusive flock stays with the owning ``DiskSlab``; readers never take it, so every rank can read
+    every other rank's blobs while they run. O_DIRECT when the file system allows it, buffered otherwise.
+    Thread-safe: positional reads only.
+    """
+
+    def __init__(self, path: str, slot_bytes: int):
+        self.path = path
+        self.slot_bytes = slot_bytes
+        flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+        try:
+            self.fd = os.open(path, flags | os.O_DIRECT)
+            self.direct = True
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            self.fd = os.open(path, flags)
+            self.direct = False
+
+    def read_slot_into(self, slot: int, dst: AlignedBuffer, nbytes: int) -> int:
+        """Read ``nbytes`` (a BLOCK multiple) of ``slot`` into the aligned ``dst``. Returns bytes read."""
+        mv = dst.view[:nbytes]
+        try:
+            return os.preadv(self.fd, [mv], slot * self.slot_bytes)
+        except OSError as e:
+            if self.direct and e.errno == errno.EINVAL:
+                # Some file systems accept O_DIRECT at open but refuse the transfer: fall back once, for good.
+                os.close(self.fd)
+                self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                self.direct = False
+                return os.preadv(self.fd, [mv], slot * self.slot_bytes)
+            raise
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+@dataclass
+class _Staged:
+    seq: int
+    kind: PayloadKind
+    chash: bytes
+    ikey: bytes
+    buf: AlignedBuffer
+    cancelled: bool = False
+
+
+class _StagingPool:
+    """Aligned slot-sized buffers, capped in total bytes. ``acquire`` never blocks: None means "full, drop"."""
+
+    def __init__(self, cap_bytes: int, sizes: Mapping[PayloadKind, int]):
+        self.cap = cap_bytes
+        self.sizes = dict(sizes)
+        self._free: dict[PayloadKind, list[AlignedBuffer]] = {k: [] for k in sizes}
+        self._lock = threading.Lock()
+        self.allocated = 0  # bytes of buffers that exist (in use or free); never exceeds cap
+        self.in_use = 0
+        self.peak_allocated = 0
+
+    def acquire(self, kind: PayloadKind) -> AlignedBuffer | None:
+        size = self.sizes[kind]
+        with self._lock:
+            lst = self._free[kind]
+            if lst:
+                self.in_use += size
+                return lst.pop()
+            if self.allocated + size > self.cap:
+                # Give back idle buffers of other kinds before refusing: the cap is on bytes, not per kind.
+                for k, other in self._free.items():
+                    while other and self.allocated + size > self.cap and k != kind:
+                        b = other.pop()
+                        self.allocated -= self.sizes[k]
+                        b.close()
+                if self.allocated + size > self.cap:
+                    return None
+            self.allocated += size
+            self.in_use += size
+            self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return AlignedBuffer(size)
+
+    def release(self, kind: PayloadKind, buf: AlignedBuffer) -> None:
+        with self._lock:
+            self.in_use -= self.sizes[kind]
+            self._free[kind].append(buf)
+
+    def close(self) -> None:
+        with self._lock:
+            for lst in self._free.values():
+                for b in lst:
+                    try:
+                        b.close()
+                    except BufferError:
+                        pass
+                lst.clear()
+
+
+@dataclass
+class _Counters:
+    spilled: int = 0          # pages made durable by this store
+    spill_accepted: int = 0   # spill() calls that returned True for a page
+    dedup: int = 0            # pages accepted without a write (already durable / staged / won by another rank)
+    dropped_staging: int = 0  # staging bytes cap or max_inflight reached
+    dropped_pool_full: int = 0
+    dropped_bad_input: int = 0
+    write_errors: int = 0
+    index_full: int = 0
+    reload_hits: int = 0
+    reload_misses: int = 0
+    verify_failures: int = 0
+    gc_reclaimed: int = 0
+    freed: int = 0
+    data_path_errors: int = 0  # unexpected exceptions turned into misses
+
+
+@dataclass
+class _KindState:
+    kind: PayloadKind
+    page_bytes: int
+    slot_bytes: int
+    num_slots: int
+    slab: Any  # disk.DiskSlab
+    pool: SlotPool
+    heap: list = field(default_factory=list)  # (last_access, seq, ikey, slot); lazy deletion against `current`
+    current: dict = field(default_factory=dict)  # ikey -> (last_access, slot) for every entry this rank owns
+    gc_active: bool = False
+
+
+class L3Store:
+    """One rank's view of the L3 tier. Build with :meth:`open`."""
+
+    # ------------------------------------------------------------------ open
+    @classmethod
+    def open(cls, config: L3Config, *, rank: int, namespace: Namespace,
+             page_bytes: Mapping[PayloadKind | str, int], cold_start: str | None = None) -> "L3Store":
+        """Open this rank's slabs, check PLP, open the index, apply the cold-start policy, start the writer.
+
+        Every failure here is loud (:class:`L3StoreError` / :class:`L3ConfigError`). ``cold_start`` overrides the
+        config's mode (tests and tools).
+        """
+        return cls(config, rank=rank, namespace=namespace, page_bytes=page_bytes, cold_start=cold_start)
+
+    def __init__(self, config: L3Config, *, rank: int, namespace: Namespace,
+                 page_bytes: Mapping[PayloadKind | str, int], cold_start: str | None = None):
+        from . import disk as _disk  # A's primitives; imported late so config/index stay usable without them
+
+        if not isinstance(config, L3Config):
+            raise L3ConfigError(f"<config>: expected L3Config, got {type(config).__name__}")
+        config.check_rank(rank)
+        if not isinstance(namespace, Namespace):
+            raise L3ConfigError(f"namespace: expected format.Namespace, got {type(namespace).__name__}")
+        mode = cold_start or config.cold_start
+        if mode not in ("clear", "load"):
+            raise L3ConfigError(f"cold_start: unknown mode {mode!r} (expected 'clear' or 'load')")
+        kinds: dict[PayloadKind, int] = {}
+        for k, n in page_bytes.items():
+            try:
+                kind = PayloadKind.parse(k)
+            except ValueError as e:
+                raise L3ConfigError(f"page_bytes: {e}") from None
+            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+                raise L3ConfigError(f"page_bytes.{kind.label}: expected a positive int, got {n!r}")
+            kinds[kind] = n
+        if not kinds:
+            raise L3ConfigError("page_bytes: at least one payload kind is required")
+
+        self.config = config
+        self.rank = rank
+        self.namespace = namespace
+        self.ns = namespace.digest()
+        self.dep = deployment_tag(config.deployment_id)
+        self.disk = config.disk_for_rank(rank)
+        self.cold_start = mode
+        self.c = _Counters()
+        self._closed = False
+        self._kinds: dict[PayloadKind, _KindState] = {}
+        self._readers: dict[tuple[int, int, PayloadKind], ReadOnlySlab | None] = {}
+        self._readers_lock = threading.Lock()
+        self._tls = threading.local()
+        self.index: L3Index | None = None
+
+        slot_bytes = {k: slot_bytes_for(n) for k, n in kinds.items()}
+        nslots = config.slots_per_kind(rank, {k.label: b for k, b in slot_bytes.items()})
+        sdir = config.slab_dir(rank)
+        try:
+            os.makedirs(sdir, mode=0o700, exist_ok=True)
+            # makedirs honours the umask only for the leaf; make the tree we own owner-only explicitly.
+            d = sdir
+            for _ in range(2):
+                os.chmod(d, 0o700)
+                d = os.path.dirname(d)
+            if not os.access(sdir, os.W_OK):
+                raise PermissionError(errno.EACCES, "not writable", sdir)
+        except OSError as e:
+            raise L3StoreError(f"disks[{self.disk}].path: cannot create slab directory {sdir!r}: {e}") from e
+
+        # Power-loss protection: decided once per disk, loud when require_plp and the disk is not known safe.
+        try:
+            self.plp = _disk.probe_plp(config.disks[self.disk].path, plp=config.plp)
+            _disk.check_plp(self.plp, config.require_plp)
+        except Exception as e:
+            raise L3StoreError(f"disks[{self.disk}]: power-loss protection check failed: {e}") from e
+
+        direct = {"auto": "auto", "on": True, "off": False}[config.direct_io]
+        try:
+            for kind, pb in kinds.items():
+                path = slab_path(config, rank, kind)
+                slab = _disk.DiskSlab.open(path, slot_bytes=slot_bytes[kind], num_slots=nslots[kind.label],
+                                           create=True, direct=direct)
+                _write_meta(path, {
+                    "format_version": FORMAT_VERSION, "kind": kind.label, "slot_bytes": slot_bytes[kind],
+                    "num_slots": nslots[kind.label], "page_bytes": pb, "deployment_id": config.deployment_id,
+                    "rank": rank, "disk": self.disk, "ns_digest": self.ns.hex(),
+                })
+                self._kinds[kind] = _KindState(kind, pb, slot_bytes[kind], nslots[kind.label], slab,
+                                               SlotPool(nslots[kind.label]))
+            self.index = L3Index.open(config.index_path, config.index_map_size)
+        except Exception as e:
+            self._close_files()
+            if isinstance(e, (L3StoreError, L3ConfigError)):
+                raise
+            raise L3StoreError(f"L3 store open failed for rank {rank}: {type(e).__name__}: {e}") from e
+
+        # Cold start runs single-threaded, BEFORE the writer exists: the writer is the sole pool/GC owner after.
+        try:
+            self._apply_cold_start(mode)
+        except Exception as e:
+            self._close_files()
+            raise L3StoreError(f"cold_start={mode}: failed for rank {rank}: {type(e).__name__}: {e}") from e
+
+        self._staging = _StagingPool(config.staging_bytes, slot_bytes)
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._queue: collections.deque[_Staged] = collections.deque()
+        self._staged: dict[tuple[PayloadKind, bytes], _Staged] = {}
+        self._ctl: collections.deque = collections.deque()
+        self._enq_seq = 0
+        self._done_seq = 0
+        self._ctl_enq = 0
+        self._ctl_done = 0
+        self._stop = False
+        self._touch_pending: dict[bytes, int] = {}
+        self._touch_flushed_at = time.monotonic()
+        self._gc_seq = 0
+        self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"l3-io-r{rank}")
+        self._reload_pool = ThreadPoolExecutor(config.reload_threads, thread_name_prefix=f"l3-rd-r{rank}")
+        self._writer = threading.Thread(target=self._writer_main, name=f"l3-writer-r{rank}", daemon=True)
+        self._writer.start()
+
+    # ------------------------------------------------------------------ cold start
+    def _apply_cold_start(self, mode: str) -> None:
+        """``clear``: drop this deployment+rank's entries (all namespaces); pools start empty.
+        ``load``: keep entries whose slot header still names the page; drop the rest; occupy kept slots.
+
+        Either way, entries of this deployment+rank under ANOTHER namespace are dropped: the rank's slabs are
+        reused by the current namespace, so such entries would point at slots this process will hand out.
+        """
+        idx = self.index
+        idx.delete_for(self.dep, self.rank, keep_ns=self.ns)
+        if mode == "clear":
+            idx.delete_for(self.dep, self.rank, self.ns)
+            for st in self._kinds.values():
+                st.pool.reset()
+            self.loaded_pages = 0
+            return
+        loaded = 0
+        by_kind: dict[int, list[tuple[bytes, IndexEntry]]] = collections.defaultdict(list)
+        for key, e in idx.iter_rank(self.dep, self.rank, self.ns):
+            by_kind[key[24]].append((key, e))
+        stale: list[tuple[bytes, IndexEntry]] = []
+        for kv, items in by_kind.items():
+            st = self._kinds.get(PayloadKind(kv)) if kv in PayloadKind._value2member_map_ else None
+            if st is None:
+                stale.extend(items)  # a kind this process does not serve: its slab is not ours to keep
+                continue
+            live_slots: list[int] = []
+            seen: set[int] = set()
+            for key, e in items:
+                ok = False
+                if e.disk == self.disk and 0 <= e.slot < st.num_slots and e.slot not in seen:
+                    hdr = self._read_header(st, e.slot)
+                    ok = (hdr is not None and hdr.kind == st.kind and hdr.content_hash == key[25:57]
+                          and hdr.ns_digest == self.ns and hdr.payload_len == st.page_bytes)
+                if ok:
+                    seen.add(e.slot)
+                    live_slots.append(e.slot)
+                    st.current[key] = (e.last_access, e.slot)
+                    st.heap.append((e.last_access, len(st.heap), key, e.slot))
+                else:
+                    stale.append((key, e))
+            st.pool.rebuild_from_allocated(live_slots)
+            heapq.heapify(st.heap)
+            loaded += len(live_slots)
+        # Stale entries point at slots this rank may now hand out: remove them before any write can happen.
+        for i in range(0, len(stale), 4096):
+            if idx.delete_if(stale[i:i + 4096]) is None:
+                raise L3StoreError("index map full while dropping stale entries; enlarge index.map_size")
+        self.loaded_pages = loaded
+        self.stale_dropped = len(stale)
+
+    @staticmethod
+    def _read_header(st: _KindState, slot: int):
+        try:
+            h = st.slab.read_header(slot)
+        except Exception:
+            return None
+        if h is None or hasattr(h, "content_hash"):
+            return h
+        return parse_header(h)
+
+    # ------------------------------------------------------------------ keys
+    def _ikey(self, kind: PayloadKind, chash: bytes) -> bytes:
+        return make_key(self.dep, self.ns, kind, chash)
+
+    # ------------------------------------------------------------------ spill
+    def spill(self, kind, keys: Sequence, pages: Sequence) -> list[bool]:
+        """Copy each page into staging and queue it; return at once. Per page: True if accepted (durable soon,
+        or already durable / staged: dedup), False if dropped (staging full, max inflight, bad input: counted).
+        The caller may reuse or unpin its page buffers as soon as this returns."""
+        return self._spill(kind, keys, pages, None, None)
+
+    def spill_from_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int]) -> list[bool]:
+        """Like :meth:`spill`, gathering each page from a strided host layout straight into staging."""
+        return self._spill(kind, keys, None, layout, page_indices)
+
+    def _spill(self, kind, keys, pages, layout, page_indices) -> list[bool]:
+        n = len(keys)
+        out = [False] * n
+        try:
+            kind = PayloadKind.parse(kind)
+            st = self._kinds[kind]
+            if self._closed:
+                return out
+            chashes: list[bytes | None] = []
+            for k in keys:
+                try:
+                    chashes.append(key_to_bytes(k))
+                except ValueError:
+                    chashes.append(None)
+            ikeys = [self._ikey(kind, h) if h is not None else None for h in chashes]
+            present = self.index.get_many([k for k in ikeys if k is not None])
+            present_it = iter(present)
+            durable = [next(present_it) is not None if k is not None else False for k in ikeys]
+            pb = st.page_bytes
+            for i in range(n):
+                if chashes[i] is None:
+                    self.c.dropped_bad_input += 1
+                    continue
+                if durable[i]:
+                    self.c.dedup += 1
+                    out[i] = True
+                    continue
+                with self._lock:
+                    if (kind, chashes[i]) in self._staged:
+                        self.c.dedup += 1
+                        out[i] = True
+                        continue
+                    if self._enq_seq - self._done_seq >= self.config.max_inflight:
+                        self.c.dropped_staging += 1
+                        continue
+                buf = self._staging.acquire(kind)
+                if buf is None:
+                    self.c.dropped_staging += 1
+                    continue
+                try:
+                    dst = np.frombuffer(buf.view, dtype=np.uint8)
+                    if layout is None:
+                        src = np.frombuffer(pages[i], dtype=np.uint8) if not isinstance(pages[i], np.ndarray) \
+                            else pages[i].reshape(-1).view(np.uint8)
+                        if src.nbytes != pb:
+                            raise ValueError(f"page {i} has {src.nbytes} B, expected {pb}")
+                        np.copyto(dst[HEADER_SIZE:HEADER_SIZE + pb], src)
+                    else:
+                        layout.gather_into(page_indices[i], buf.view, HEADER_SIZE)
+                    tail = st.slot_bytes - HEADER_SIZE - pb
+                    if tail:
+                        dst[HEADER_SIZE + pb:].fill(0)  # no stale bytes of an older page in the pad
+                except Exception:
+                    self._staging.release(kind, buf)
+                    self.c.dropped_bad_input += 1
+                    continue
+                with self._cond:
+                    if (kind, chashes[i]) in self._staged:  # raced with another spiller of the same page
+                        self._staging.release(kind, buf)
+                        self.c.dedup += 1
+                        out[i] = True
+                        continue
+                    self._enq_seq += 1
+                    item = _Staged(self._enq_seq, kind, chashes[i], ikeys[i], buf)
+                    self._staged[(kind, chashes[i])] = item
+                    self._queue.append(item)
+                    self._cond.notify()
+                out[i] = True
+            self.c.spill_accepted += sum(out)
+        except Exception:
+            log.exception("L3 spill failed; pages dropped")
+            self.c.data_path_errors += 1
+        return out
+
+    # ------------------------------------------------------------------ exists
+    def exists(self, kind, keys: Sequence) -> int:
+        """Length of the contiguous prefix of ``keys`` whose index entries are committed (durable)."""
+        try:
+            kind = PayloadKind.parse(kind)
+            base = self.dep + self.ns + bytes((int(kind),))
+            ikeys = []
+            for k in keys:
+                try:
+                    ikeys.append(base + key_to_bytes(k))
+                except ValueError:
+                    break
+            return self.index.prefix_len(ikeys)
+        except Exception:
+            self.c.data_path_errors += 1
+            return 0
+
+    # ------------------------------------------------------------------ reload
+    def reload_into(self, kind, keys: Sequence, dsts: Sequence) -> list[bool]:
+        """Read each page into ``dsts[i]`` (a writable buffer of at least page_bytes). True only if the blob's
+        header and payload checksum verified; on False the destination's contents are unspecified."""
+        return self._reload(kind, keys, dsts, None, None)
+
+    def reload_into_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int]) -> list[bool]:
+        return self._reload(kind, keys, None, layout, page_indices)
+
+    def _read_buf(self, nbytes: int) -> AlignedBuffer:
+        bufs = getattr(self._tls, "bufs", None)
+        if bufs is None:
+            bufs = self._tls.bufs = {}
+        b = bufs.get(nbytes)
+        if b is None:
+            b = bufs[nbytes] = AlignedBuffer(nbytes)
+        return b
+
+    def _reader(self, rank: int, disk: int, kind: PayloadKind) -> ReadOnlySlab | None:
+        key = (rank, disk, kind)
+        r = self._readers.get(key)
+        if r is not None or key in self._readers:
+            return r
+        with self._readers_lock:
+            if key not in self._readers:
+                try:
+                    if not (0 <= disk < len(self.config.disks)):
+                        raise OSError("disk index outside this config")
+                    self._readers[key] = ReadOnlySlab(slab_path(self.config, rank, kind, disk),
+                                                      self._kinds[kind].slot_bytes)
+                except OSError:
+                    # Slab not there (yet): a miss now; retry on a later reload.
+                    return None
+            return self._readers[key]
+
+    def _reload_one(self, st: _KindState, chash: bytes, e: IndexEntry, dst, layout, pidx) -> tuple[bool, str]:
+        rd = self._reader(e.rank, e.disk, st.kind)
+        if rd is None:
+            return False, "no_slab"
+        buf = self._read_buf(st.slot_bytes)
+        got = rd.read_slot_into(e.slot, buf, st.slot_bytes)
+        if got != st.slot_bytes:
+            return False, "short_read"
+        payload, reason = verify_blob_reason(buf.view, kind=st.kind, content_hash=chash, ns_digest=self.ns,
+                                             payload_len=st.page_bytes)
+        if payload is None:
+            return False, reason
+        if layout is None:
+            d = np.frombuffer(dst, dtype=np.uint8) if not isinstance(dst, np.ndarray) else dst.reshape(-1).view(np.uint8)
+            if d.nbytes < st.page_bytes:
+                return False, "dst_too_small"
+            np.copyto(d[:st.page_bytes], np.frombuffer(payload, dtype=np.uint8))
+        else:
+            layout.scatter_from(pidx, buf.view, HEADER_SIZE)
+        return True, "ok"
+
+    def _reload(self, kind, keys, dsts, layout, page_indices) -> list[bool]:
+        n = len(keys)
+        out = [False] * n
+        try:
+            kind = PayloadKind.parse(kind)
+            st = self._kinds[kind]
+            chashes = []
+            for k in keys:
+                try:
+                    chashes.append(key_to_bytes(k))
+                except ValueError:
+                    chashes.append(None)
+            ikeys = [self._ikey(kind, h) if h is not None else b"" for h in chashes]
+            entries = self.index.get_many(ikeys)
+            jobs = [i for i in range(n) if entries[i] is not None]
+
+            def run(i):
+                try:
+                    return self._reload_one(st, chashes[i], entries[i], dsts[i] if dsts is not None else None,
+                                            layout, page_indices[i] if page_indices is not None else None)
+                except Exception as ex:  # EIO on read, bad dst, ... -> miss
+                    return False, f"error:{type(ex).__name__}"
+
+            if len(jobs) > 1 and self.config.reload_threads > 1:
+                results = list(self._reload_pool.map(run, jobs))
+            else:
+                results = [run(i) for i in jobs]
+            ts = now_us()
+            for i, (ok, reason) in zip(jobs, results):
+                if ok:
+                    out[i] = True
+                    self._ctl.append(("touch", kind, ikeys[i], entries[i], ts))
+                elif reason not in ("dst_too_small", "no_slab") and not reason.startswith("error:"):
+                    # The entry points at bytes that are not this page: reclaim it (conditionally) via the writer.
+                    self.c.verify_failures += 1
+                    self._ctl.append(("bad", kind, ikeys[i], entries[i]))
+                else:
+                    self.c.data_path_errors += reason.startswith("error:")
+            hits = sum(out)
+            self.c.reload_hits += hits
+            self.c.reload_misses += n - hits
+            with self._cond:
+                self._cond.notify()
+        except Exception:
+            log.exception("L3 reload failed; pages are misses")
+            self.c.data_path_errors += 1
+        return out
+
+    # ------------------------------------------------------------------ free / clear / flush
+    def free(self, kind, keys: Sequence) -> None:
+        """Remove pages from L3 (index entry first, then this rank's slot). Staged copies are cancelled."""
+        try:
+            kind = PayloadKind.parse(kind)
+            ikeys = []
+            with self._cond:
+                for k in keys:
+                    try:
+                        h = key_to_bytes(k)
+                    except ValueError:
+                        continue
+                    item = self._staged.get((kind, h))
+                    if item is not None:
+                        item.cancelled = True
+                    ikeys.append(self._ikey(kind, h))
+                self._ctl_enq += 1
+                self._ctl.append(("free", kind, ikeys, None))
+                self._cond.notify()
+        except Exception:
+            self.c.data_path_errors += 1
+
+    def clear(self, timeout: float = 60.0) -> bool:
+        """Drop everything this rank owns (this deployment only) and wait for it. Counters are not reset."""
+        ev = threading.Event()
+        with self._cond:
+            for item in self._staged.values():
+                item.cancelled = True
+            self._ctl_enq += 1
+            self._ctl.append(("clear", None, None, ev))
+            self._cond.notify()
+        return ev.wait(timeout)
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until everything spilled or freed before this call is durable (or dropped). True if done."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            target, ctl_target = self._enq_seq, self._ctl_enq
+            while self._done_seq < target or self._ctl_done < ctl_target:
+                if not self._writer.is_alive():
+                    return False
+                rem = None if deadline is None else deadline - time.monotonic()
+                if rem is not None and rem <= 0:
+                    return False
+                self._cond.wait(rem if rem is not None else 1.0)
+        return True
+
+    # ------------------------------------------------------------------ writer thread
+    def _writer_main(self) -> None:
+        batch_max = self.config.write_batch_pages
+        while True:
+            with self._cond:
+                while (not self._queue and not self._ctl and not self._stop
+                       and not any(s.gc_active for s in self._kinds.values())):
+                    self._cond.wait(0.5 if self._touch_pending else None)
+                    if self._touch_pending:
+                        break
+                if self._stop and not self._queue and not self._ctl:
+                    break
+                if self._queue and len(self._queue) < batch_max and not self._stop:
+                    # Let a burst fill the batch: one fdatasync + one commit per batch, not per page.
+                    self._cond.wait(_MAX_BATCH_WAIT_S)
+                batch = [self._queue.popleft() for _ in range(min(batch_max, len(self._queue)))]
+            try:
+                self._drain_ctl()
+                self._gc_round()
+                if batch:
+                    self._write_batch(batch)
+                self._maybe_persist_touches()
+            except Exception:  # the writer must outlive any single failure
+                log.exception("L3 writer round failed")
+                self.c.data_path_errors += 1
+                with self._cond:
+                    for it in batch:
+                        self._finish_item(it)
+                    self._cond.notify_all()
+        self._maybe_persist_touches(force=True)
+
+    def _finish_item(self, it: _Staged) -> None:
+        """Under self._cond. Release staging and mark done exactly once."""
+        if it.buf is not None:
+            self._staging.release(it.kind, it.buf)
+            it.buf = None
+        if self._staged.get((it.kind, it.chash)) is it:
+            del self._staged[(it.kind, it.chash)]
+        self._done_seq += 1
+
+    def _write_batch(self, batch: list[_Staged]) -> None:
+        pending = []  # (item, state, slot, future)
+        skipped = []
+        for it in batch:
+            st = self._kinds[it.kind]
+            if it.cancelled:
+                skipped.append(it)
+                continue
+            slot = st.pool.alloc()
+            if slot is None:
+                self._gc_reclaim(st, self.config.gc_budget_per_round)
+                slot = st.pool.alloc()
+            if slot is None:
+                self.c.dropped_pool_full += 1
+                skipped.append(it)
+                continue
+            seal_blob(it.buf.view, kind=it.kind, content_hash=it.chash, ns_digest=self.ns,
+                      payload_len=st.page_bytes)
+            pending.append((it, st, slot, self._io.submit(st.slab.write_slot, slot, it.buf)))
+        written = []
+        for it, st, slot, fut in pending:
+            try:
+                fut.result()
+                written.append((it, st, slot))
+            except Exception as e:
+                self._write_failed(st, slot, e)
+                skipped.append(it)
+        # One fdatasync per slab for the whole batch; a failed sync fails every page written to that slab.
+        synced = []
+        bad_kinds = set()
+        for st in {id(s): s for _, s, _ in written}.values():
+            try:
+                st.slab.sync()
+            except Exception as e:
+                log.warning("L3 fdatasync failed on %s: %s", st.kind.label, e)
+                bad_kinds.add(st.kind)
+        for it, st, slot in written:
+            if st.kind in bad_kinds:
+                self._write_failed(st, slot, None)
+                skipped.append(it)
+            elif it.cancelled:
+                st.pool.free(slot)
+                skipped.append(it)
+            else:
+                synced.append((it, st, slot))
+        if synced:
+            ts = now_us()
+            res = self.index.commit_puts([(it.ikey, IndexEntry(self.rank, self.disk, slot, ts))
+                                          for it, st, slot in synced])
+            if res is None:  # map full: nothing of the batch is present
+                self.c.index_full += len(synced)
+                for it, st, slot in synced:
+                    st.pool.free(slot)
+            else:
+                for (it, st, slot), existing in zip(synced, res):
+                    if existing is None:
+                        self.c.spilled += 1
+                        st.current[it.ikey] = (ts, slot)
+                        self._gc_seq += 1
+                        heapq.heappush(st.heap, (ts, self._gc_seq, it.ikey, slot))
+                    else:  # someone stored the same page first: our copy is unreferenced
+                        self.c.dedup += 1
+                        st.pool.free(slot)
+        with self._cond:
+            for it in batch:
+                self._finish_item(it)
+            self._cond.notify_all()
+
+    def _write_failed(self, st: _KindState, slot: int, err) -> None:
+        self.c.write_errors += 1
+        if err is not None:
+            log.warning("L3 write of %s slot %d failed: %s", st.kind.label, slot, err)
+        st.pool.free(slot)
+
+    def _drain_ctl(self) -> None:
+        touches: dict = {}
+        while self._ctl:
+            op, kind, a, b, *rest = self._ctl.popleft() + (None,)
+            if op == "touch":
+                entry, ts = b, rest[0]
+                touches[(kind, a)] = (entry, ts)
+                continue
+            if op == "bad":
+                self._reclaim_keys(kind, [(a, b)], counter=None)
+                continue
+            if op == "free":
+                self._free_keys(kind, a)
+            elif op == "clear":
+                self._do_clear()
+                b.set()
+            with self._cond:
+                self._ctl_done += 1
+                self._cond.notify_all()
+        for (kind, ikey), (entry, ts) in touches.items():
+            st = self._kinds[kind]
+            if entry.rank == self.rank and entry.disk == self.disk:
+                cur = st.current.get(ikey)
+                if cur is not None and cur[1] == entry.slot and ts > cur[0]:
+                    st.current[ikey] = (ts, entry.slot)
+                    self._gc_seq += 1
+                    heapq.heappush(st.heap, (ts, self._gc_seq, ikey, entry.slot))
+            # Persist for other ranks' GC (and for a later `load`), coalesced.
+            self._touch_pending[ikey] = max(ts, self._touch_pending.get(ikey, 0))
+
+    def _maybe_persist_touches(self, force: bool = False) -> None:
+        if not self._touch_pending:
+            return
+        if not force and time.monotonic() - self._touch_flushed_at < _TOUCH_PERSIST_INTERVAL_S:
+            return
+        items = list(self._touch_pending.items())
+        self._touch_pending.clear()
+        self._touch_flushed_at = time.monotonic()
+        try:
+            self.index.touch_many(items)
+        except Exception:
+            self.c.data_path_errors += 1
+
+    def _free_keys(self, kind: PayloadKind, ikeys: list[bytes]) -> None:
+        entries = self.index.get_many(ikeys)
+        self._reclaim_keys(kind, [(k, e) for k, e in zip(ikeys, entries) if e is not None], counter="freed")
+
+    def _reclaim_keys(self, kind: PayloadKind, items: list[tuple[bytes, IndexEntry]], counter: str | None) -> None:
+        """Conditionally delete entries (same location only), commit, THEN free the slots we own."""
+        if not items:
+            return
+        res = self.index.delete_if(items)
+        if res is None:
+            self.c.index_full += 1
+            return
+        st = self._kinds[kind]
+        for (ikey, e), deleted in zip(items, res):
+            if deleted is not True:
+                continue
+            if counter:
+                setattr(self.c, counter, getattr(self.c, counter) + 1)
+            if e.rank == self.rank and e.disk == self.disk:
+                cur = st.current.pop(ikey, None)
+                if cur is not None and cur[1] == e.slot:
+                    st.pool.free(e.slot)
+                elif cur is not None:
+                    st.current[ikey] = cur
+
+    def _do_clear(self) -> None:
+        with self._cond:
+            while self._queue:
+                it = self._queue.popleft()
+                self._finish_item(it)
+            self._cond.notify_all()
+        try:
+            self.index.delete_for(self.dep, self.rank)
+        except Exception:
+            log.exception("L3 clear: index delete failed")
+            self.c.data_path_errors += 1
+        for st in self._kinds.values():
+            st.pool.reset()
+            st.heap.clear()
+            st.current.clear()
+            st.gc_active = False
+        self._touch_pending.clear()
+
+    # ------------------------------------------------------------------ GC
+    def _gc_round(self) -> None:
+        cfg = self.config
+        for st in self._kinds.values():
+            used = st.pool.used / st.num_slots
+            if not st.gc_active and used >= cfg.gc_start:
+                st.gc_active = True
+            if st.gc_active:
+                target = int(cfg.gc_stop * st.num_slots)
+                self._gc_reclaim(st, min(cfg.gc_budget_per_round, max(0, st.pool.used - target)))
+                if st.pool.used <= target or not st.current:
+                    st.gc_active = False
+
+    def _gc_reclaim(self, st: _KindState, budget: int) -> int:
+        """Reclaim up to ``budget`` of the coldest pages. Index delete commits before any slot is freed."""
+        victims = []
+        while st.heap and len(victims) < budget:
+            la, _, ikey, slot = heapq.heappop(st.heap)
+            if st.current.get(ikey) != (la, slot):
+                continue  # stale heap item (touched, freed or reclaimed since)
+            victims.append((ikey, IndexEntry(self.rank, self.disk, slot, la)))
+        if not victims:
+            return 0
+        res = self.index.delete_if(victims, newer_than_wins=True)
+        if res is None:  # could not commit: keep them, try next round
+            for ikey, e in victims:
+                self._gc_seq += 1
+                heapq.heappush(st.heap, (e.last_access, self._gc_seq, ikey, e.slot))
+            self.c.index_full += 1
+            return 0
+        n = 0
+        for (ikey, e), r in zip(victims, res):
+            if isinstance(r, IndexEntry):  # another rank touched it since: it is warm, keep it
+                st.current[ikey] = (r.last_access, e.slot)
+                self._gc_seq += 1
+                heapq.heappush(st.heap, (r.last_access, self._gc_seq, ikey, e.slot))
+                continue
+            # True: deleted now. False: the entry is gone or names another location, so our slot is unreferenced.
+            del st.current[ikey]
+            st.pool.free(e.slot)
+            n += 1
+        self.c.gc_reclaimed += n
+        return n
+
+    # ------------------------------------------------------------------ stats / close
+    def stats(self) -> dict:
+        with self._lock:
+            qdepth = len(self._queue)
+            inflight = self._enq_seq - self._done_seq
+        out = {
+            "rank": self.rank,
+            "disk": self.disk,
+            "cold_start": self.cold_start,
+            "io_mode": {k.label: getattr(st.slab, "io_mode", None) for k, st in self._kinds.items()},
+            "slots": {k.label: {"used": st.pool.used, "total": st.pool.total} for k, st in self._kinds.items()},
+            "inflight": inflight,
+            "write_queue_depth": qdepth,
+            "control_queue_depth": len(self._ctl),
+            "staging_bytes": self._staging.in_use,
+            "staging_allocated_bytes": self._staging.allocated,
+            "staging_peak_bytes": self._staging.peak_allocated,
+            "staging_cap_bytes": self._staging.cap,
+        }
+        out.update(vars(self.c))
+        out["index_full"] += self.index.index_full if self.index else 0
+        return out
+
+    def close(self, timeout: float = 30.0) -> None:
+        if self._closed:
+            return
+        self.flush(timeout)
+        with self._cond:
+            self._stop = True
+            self._closed = True
+            self._cond.notify_all()
+        self._writer.join(timeout)
+        self._io.shutdown(wait=True)
+        self._reload_pool.shutdown(wait=True)
+        self._staging.close()
+        self._close_files()
+
+    def _close_files(self) -> None:
+        for st in self._kinds.values():
+            try:
+                st.slab.close()
+            except Exception:
+                pass
+        for r in self._readers.values():
+            if r is not None:
+                r.close()
+        self._readers.clear()
+        if self.index is not None:
+            self.index.close()
+            self.index = None
+
+    def __enter__(self) -> "L3Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
