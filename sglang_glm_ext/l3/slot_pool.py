@@ -77,7 +77,14 @@ class SlotPool:
         Cold start (``load``) calls this with the slots the durable index still points at, so none of them is
         ever handed out again. Duplicates or out-of-range slots mean the index and slab disagree: loud.
         """
-        live = np.fromiter((int(s) for s in slots), dtype=np.int64)
+        if isinstance(slots, np.ndarray):
+            if slots.dtype.kind not in "iu":
+                raise SlotPoolError(f"rebuild: slot array must be integers, got {slots.dtype}")
+            live = slots.astype(np.int64, copy=False).ravel()
+        elif isinstance(slots, range):
+            live = np.arange(slots.start, slots.stop, slots.step, dtype=np.int64)
+        else:
+            live = np.fromiter((int(s) for s in slots), dtype=np.int64)
         if live.size:
             lo, hi = int(live.min()), int(live.max())
             if lo < 0 or hi >= self._total:
