@@ -126,16 +126,15 @@ class DiskSlab:
         self.prealloc = prealloc
         self.prealloc_reason = prealloc_reason
         self.created = created
+        self.readonly = False
         self.counters = {"direct_reads": 0, "bounce_reads": 0, "buffered_reads": 0, "writes": 0}
         self._local = threading.local()
         self._owned_buffers: list[AlignedBuffer] = []
         self._owned_lock = threading.Lock()
 
     # ------------------------------------------------------------------ open / close
-    @classmethod
-    def open(cls, path, *, slot_bytes: int, num_slots: int, create: bool = True,
-             direct: "str | bool" = "auto") -> "DiskSlab":
-        path = os.path.abspath(os.fspath(path))
+    @staticmethod
+    def _check_geometry(path: str, slot_bytes, num_slots, direct) -> int:
         for name, value in (("slot_bytes", slot_bytes), ("num_slots", num_slots)):
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise SlabError(f"L3 slab {path}: {name} must be a positive int, got {value!r}")
@@ -143,7 +142,39 @@ class DiskSlab:
             raise SlabError(f"L3 slab {path}: slot_bytes {slot_bytes} is not a multiple of {BLOCK}")
         if direct not in ("auto", True, False):
             raise SlabError(f"L3 slab {path}: direct must be 'auto', True or False, got {direct!r}")
-        size = slot_bytes * num_slots
+        return slot_bytes * num_slots
+
+    @classmethod
+    def open_reader(cls, path, *, slot_bytes: int, num_slots: int, direct: "str | bool" = "auto") -> "DiskSlab":
+        """Read-only view of a slab another process (another rank) owns: no lock, no preallocation, no chmod.
+
+        Safe without a lock because a reader only trusts bytes that verify_blob accepts, and the index is
+        updated (reclaim deletes the entry before the slot is freed) so a racing rewrite reads as a miss.
+        """
+        path = os.path.abspath(os.fspath(path))
+        size = cls._check_geometry(path, slot_bytes, num_slots, direct)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise SlabError(f"cannot open L3 slab {path} for reading: {e.strerror or e}") from e
+        try:
+            current = os.fstat(fd).st_size
+            if current != size:
+                raise SlabGeometryError(f"L3 slab {path} is {current} B, expected {num_slots} x {slot_bytes} B")
+            io_mode, fallback_reason = cls._choose_io_mode(fd, path, direct)
+        except BaseException:
+            os.close(fd)
+            raise
+        slab = cls(path=path, fd=fd, slot_bytes=slot_bytes, num_slots=num_slots, io_mode=io_mode,
+                   fallback_reason=fallback_reason, prealloc="none", prealloc_reason="read-only", created=False)
+        slab.readonly = True
+        return slab
+
+    @classmethod
+    def open(cls, path, *, slot_bytes: int, num_slots: int, create: bool = True,
+             direct: "str | bool" = "auto") -> "DiskSlab":
+        path = os.path.abspath(os.fspath(path))
+        size = cls._check_geometry(path, slot_bytes, num_slots, direct)
 
         try:
             if create:
@@ -270,6 +301,8 @@ class DiskSlab:
         Durable only after ``sync()``. Raises OSError on I/O failure (including a write that makes no progress).
         """
         offset = self._offset(slot)
+        if self.readonly:
+            raise ValueError(f"L3 slab {self.path} was opened read-only")
         view = _byte_view(buf)
         n = len(view)
         if n == 0 or n > self.slot_bytes or n % BLOCK:

@@ -320,3 +320,18 @@ def test_closed_slab_refuses_io(tmp_path):
     s.close()
     with pytest.raises(ValueError, match="closed"):
         s.read_header(0)
+
+
+def test_reader_sees_owner_blobs_without_taking_the_lock(slab):
+    buf, payload = blob(16)
+    slab.write_slot(1, buf)
+    slab.sync()
+    with DiskSlab.open_reader(slab.path, slot_bytes=SLOT, num_slots=8) as reader:
+        assert reader.io_mode == "o_direct"
+        assert read_verified(reader, 1) == (payload, "ok")
+        with pytest.raises(ValueError, match="read-only"):
+            reader.write_slot(1, buf)
+    with pytest.raises(SlabGeometryError):
+        DiskSlab.open_reader(slab.path, slot_bytes=SLOT, num_slots=9)
+    with pytest.raises(SlabError, match="for reading"):
+        DiskSlab.open_reader(slab.path + ".missing", slot_bytes=SLOT, num_slots=8)

@@ -1,0 +1,187 @@
+"""Where a page's bytes live in host memory, and the copies between that and a contiguous blob payload.
+
+A host KV pool is described as a list of slices: page ``p`` consists of slice ``i`` at
+``base_i + p * stride_i`` (``length_i`` bytes), concatenated in slice order to form the blob payload.
+
+* page-first (SGLang ``page_first`` / ``page_first_direct``): one slice, the whole page is contiguous, so a
+  gather/scatter is one memmove, no extra pass.
+* layer-first (SGLang ``layer_first``, MLA ``(L, size, 1, D)``, DSA indexer ``(L, pages, stride)``): one slice per
+  layer, layer ``l``'s region may sit in a different buffer when the host cache is split over several buffers.
+
+The payload order therefore depends on the layout (layer-major vs token-major), which is why the layout name is
+part of ``format.Namespace``.
+
+No torch: buffers are buffer-protocol objects (numpy arrays, memoryviews, mmaps, AlignedBuffer) or
+``(address, nbytes)`` pairs such as ``(tensor.data_ptr(), tensor.nbytes)``. With raw addresses the caller keeps the
+memory alive; with objects this layout holds a reference. Copies use ctypes.memmove, which releases the GIL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Sequence
+
+from .aligned import AlignedBuffer, buffer_address
+
+
+@dataclass(frozen=True)
+class _Region:
+    address: int
+    nbytes: int
+    writable: bool
+    owner: object  # keeps a buffer object alive while the layout uses its address
+
+
+def _region(buf) -> _Region:
+    if isinstance(buf, tuple):
+        if len(buf) != 2 or not all(isinstance(x, int) and x >= 0 for x in buf) or buf[0] == 0:
+            raise ValueError(f"raw buffer must be (address, nbytes) with a non-null address, got {buf!r}")
+        return _Region(buf[0], buf[1], True, None)
+    if isinstance(buf, AlignedBuffer):
+        return _Region(buf.address, buf.size, True, buf)
+    view = memoryview(buf)
+    if not view.c_contiguous:
+        raise ValueError("host buffer must be C-contiguous")
+    return _Region(buffer_address(view.cast("B") if view.ndim != 1 or view.format != "B" else view),
+                   view.nbytes, not view.readonly, buf)
+
+
+@dataclass(frozen=True)
+class Slice:
+    """Slice ``i`` of page ``p`` is ``length`` bytes at ``region.address + offset + p * stride``."""
+
+    region: _Region
+    offset: int
+    stride: int
+    length: int
+
+
+class PageLayout:
+    """Invariant (checked at construction): every slice of every page ``0 <= p < num_pages`` lies inside its buffer,
+    so gather/scatter can never touch memory outside the pool; a page index outside the range raises IndexError."""
+
+    def __init__(self, slices: Sequence[Slice], num_pages: int) -> None:
+        if not slices:
+            raise ValueError("a page layout needs at least one slice")
+        if not isinstance(num_pages, int) or num_pages <= 0:
+            raise ValueError(f"num_pages must be a positive int, got {num_pages!r}")
+        for i, s in enumerate(slices):
+            if s.offset < 0 or s.stride < 0 or s.length <= 0:
+                raise ValueError(f"slice {i}: offset/stride must be >= 0 and length > 0")
+            end = s.offset + (num_pages - 1) * s.stride + s.length
+            if end > s.region.nbytes:
+                raise ValueError(f"slice {i}: page {num_pages - 1} ends at byte {end} but its buffer has "
+                                 f"{s.region.nbytes} B")
+        self.slices = tuple(slices)
+        self.num_pages = num_pages
+        self.page_bytes = sum(s.length for s in slices)
+        # (base address, stride, length, payload offset) with no attribute lookups left for the hot path
+        plan, at = [], 0
+        for s in self.slices:
+            plan.append((s.region.address + s.offset, s.stride, s.length, at))
+            at += s.length
+        self._plan = tuple(plan)
+        self._writable = all(s.region.writable for s in self.slices)
+
+    # ------------------------------------------------------------------ factories
+    @classmethod
+    def page_first(cls, buf, *, page_bytes: int, num_pages: int, offset: int = 0) -> "PageLayout":
+        """One contiguous block per page (SGLang page_first / page_first_direct)."""
+        return cls([Slice(_region(buf), offset, page_bytes, page_bytes)], num_pages)
+
+    @classmethod
+    def layer_first(cls, bufs, *, n_layers: int, slice_bytes: int, num_pages: int,
+                    layers_per_buffer: "Sequence[int] | None" = None) -> "PageLayout":
+        """Layer ``l`` of page ``p`` at ``layer_base_l + p * slice_bytes``; each layer region holds ``num_pages``.
+
+        ``bufs`` is one buffer holding all layers back to back, or several buffers each holding a run of whole
+        layers in order (``layers_per_buffer``; inferred from buffer sizes when omitted).
+        """
+        bufs = list(bufs) if isinstance(bufs, (list, tuple)) and not _is_raw(bufs) else [bufs]
+        regions = [_region(b) for b in bufs]
+        layer_bytes = slice_bytes * num_pages
+        if layers_per_buffer is None:
+            if len(regions) == 1:
+                layers_per_buffer = [n_layers]
+            else:
+                if any(r.nbytes % layer_bytes for r in regions):
+                    raise ValueError("cannot infer layers per buffer: a buffer is not a whole number of layers; "
+                                     "pass layers_per_buffer")
+                layers_per_buffer = [r.nbytes // layer_bytes for r in regions]
+        if len(layers_per_buffer) != len(regions) or sum(layers_per_buffer) != n_layers:
+            raise ValueError(f"layers_per_buffer {list(layers_per_buffer)} does not cover {n_layers} layers "
+                             f"over {len(regions)} buffers")
+        slices = []
+        for region, count in zip(regions, layers_per_buffer):
+            slices.extend(Slice(region, j * layer_bytes, slice_bytes, slice_bytes) for j in range(count))
+        return cls(slices, num_pages)
+
+    @classmethod
+    def for_mla_layer_first(cls, bufs, *, n_layers: int, page_size: int, kv_cache_dim: int, itemsize: int,
+                            num_pages: int, layers_per_buffer=None) -> "PageLayout":
+        """SGLang MLA host pool, layer_first ``(L, num_pages*page_size, 1, kv_cache_dim)``.
+
+        GLM-5: 78 layers x 64 tokens x 656 B = 3,274,752 B per page.
+        """
+        return cls.layer_first(bufs, n_layers=n_layers, slice_bytes=page_size * kv_cache_dim * itemsize,
+                               num_pages=num_pages, layers_per_buffer=layers_per_buffer)
+
+    @classmethod
+    def for_mla_page_first(cls, buf, *, n_layers: int, page_size: int, kv_cache_dim: int, itemsize: int,
+                           num_pages: int) -> "PageLayout":
+        """SGLang MLA host pool, page_first ``(size, L, 1, D)`` or page_first_direct ``(pages, L, page_size, 1, D)``:
+        either way a page is ``page_size * L * D * itemsize`` contiguous bytes."""
+        return cls.page_first(buf, page_bytes=page_size * n_layers * kv_cache_dim * itemsize, num_pages=num_pages)
+
+    @classmethod
+    def for_dsa_indexer(cls, bufs, *, n_layers: int, page_stride: int, num_pages: int,
+                        page_first: bool = False, layers_per_buffer=None) -> "PageLayout":
+        """SGLang DSA indexer host pool: layer_first ``(L, pages, stride)`` or page_first ``(pages, L, 1, stride)``.
+
+        ``page_stride`` is one layer's bytes of one indexer page (k + scales for page_size tokens).
+        """
+        if page_first:
+            return cls.page_first(bufs, page_bytes=n_layers * page_stride, num_pages=num_pages)
+        return cls.layer_first(bufs, n_layers=n_layers, slice_bytes=page_stride, num_pages=num_pages,
+                               layers_per_buffer=layers_per_buffer)
+
+    # ------------------------------------------------------------------ copies
+    def _check_page(self, page_index: int) -> None:
+        if not isinstance(page_index, int) or not 0 <= page_index < self.num_pages:
+            raise IndexError(f"page {page_index!r} outside the host pool [0, {self.num_pages})")
+
+    def gather_into(self, page_index: int, dst, dst_offset: int = 0) -> int:
+        """Copy page ``page_index`` into ``dst[dst_offset:dst_offset + page_bytes]``; returns page_bytes."""
+        self._check_page(page_index)
+        out = _region(dst)
+        if not out.writable:
+            raise ValueError("gather destination is read-only")
+        self._check_span(out, dst_offset, "destination")
+        base = out.address + dst_offset
+        for addr, stride, length, at in self._plan:
+            ctypes.memmove(base + at, addr + page_index * stride, length)
+        return self.page_bytes
+
+    def scatter_from(self, page_index: int, src, src_offset: int = 0) -> int:
+        """Copy ``src[src_offset:src_offset + page_bytes]`` into page ``page_index``; returns page_bytes."""
+        self._check_page(page_index)
+        if not self._writable:
+            raise ValueError("host pool buffer is read-only; cannot scatter into it")
+        inp = _region(src)
+        self._check_span(inp, src_offset, "source")
+        base = inp.address + src_offset
+        for addr, stride, length, at in self._plan:
+            ctypes.memmove(addr + page_index * stride, base + at, length)
+        return self.page_bytes
+
+    def _check_span(self, region: _Region, offset: int, what: str) -> None:
+        if offset < 0 or offset + self.page_bytes > region.nbytes:
+            raise ValueError(f"{what} of {region.nbytes} B cannot hold a {self.page_bytes} B page at offset {offset}")
+
+    def __repr__(self) -> str:
+        return f"PageLayout(slices={len(self.slices)}, page_bytes={self.page_bytes}, num_pages={self.num_pages})"
+
+
+def _is_raw(obj) -> bool:
+    return isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(x, int) for x in obj)
