@@ -30,6 +30,7 @@ import heapq
 import json
 import logging
 import os
+import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -338,6 +339,11 @@ class L3Store:
         self._gc_seq = 0
         self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"l3-io-r{rank}")
         self._reload_pool = ThreadPoolExecutor(config.reload_threads, thread_name_prefix=f"l3-rd-r{rank}")
+        self._completed: collections.deque = collections.deque()
+        self._commits_inflight = 0
+        self._commit_q: queue.Queue = queue.Queue(maxsize=2)
+        self._committer = threading.Thread(target=self._committer_main, name=f"l3-commit-r{rank}", daemon=True)
+        self._committer.start()
         self._writer = threading.Thread(target=self._writer_main, name=f"l3-writer-r{rank}", daemon=True)
         self._writer.start()
 
@@ -664,22 +670,24 @@ class L3Store:
         batch_max = self.config.write_batch_pages
         while True:
             with self._cond:
-                while (not self._queue and not self._ctl and not self._stop
+                while (not self._queue and not self._ctl and not self._stop and not self._completed
                        and not any(s.gc_active for s in self._kinds.values())):
-                    self._cond.wait(0.5 if self._touch_pending else None)
-                    if self._touch_pending:
+                    self._cond.wait(0.5 if (self._touch_pending or self._commits_inflight) else None)
+                    if self._touch_pending or self._commits_inflight:
                         break
-                if self._stop and not self._queue and not self._ctl:
+                if self._stop and not self._queue and not self._ctl and not self._commits_inflight:
                     break
                 if self._queue and len(self._queue) < batch_max and not self._stop:
                     # Let a burst fill the batch: one fdatasync + one commit per batch, not per page.
                     self._cond.wait(_MAX_BATCH_WAIT_S)
                 batch = [self._queue.popleft() for _ in range(min(batch_max, len(self._queue)))]
             try:
+                self._complete_batches(block=False)
                 self._drain_ctl()
                 self._gc_round()
                 if batch:
-                    self._write_batch(batch)
+                    self._submit_batch(batch)
+                    batch = []
                 self._maybe_persist_touches()
             except Exception:  # the writer must outlive any single failure
                 log.exception("L3 writer round failed")
@@ -688,6 +696,9 @@ class L3Store:
                     for it in batch:
                         self._finish_item(it)
                     self._cond.notify_all()
+        self._complete_batches(block=True)
+        self._commit_q.put(None)
+        self._committer.join()
         self._maybe_persist_touches(force=True)
 
     def _finish_item(self, it: _Staged) -> None:
@@ -699,7 +710,10 @@ class L3Store:
             del self._staged[(it.kind, it.chash)]
         self._done_seq += 1
 
-    def _write_batch(self, batch: list[_Staged]) -> None:
+    # Pipeline: the writer allocates, seals and submits batch N+1 while the committer waits for batch N's
+    # writes, fdatasyncs and commits its index entries. The committer never touches a pool or the GC: it hands
+    # each finished batch back (self._completed) and the writer frees / registers slots. So pools keep one owner.
+    def _submit_batch(self, batch: list[_Staged]) -> None:
         pending = []  # (item, state, slot, future)
         skipped = []
         for it in batch:
@@ -715,57 +729,112 @@ class L3Store:
                 self.c.dropped_pool_full += 1
                 skipped.append(it)
                 continue
-            seal_blob(it.buf.view, kind=it.kind, content_hash=it.chash, ns_digest=self.ns,
-                      payload_len=st.page_bytes)
-            pending.append((it, st, slot, self._io.submit(st.slab.write_slot, slot, it.buf)))
+            try:
+                seal_blob(it.buf.view, kind=it.kind, content_hash=it.chash, ns_digest=self.ns,
+                          payload_len=st.page_bytes)
+                fut = self._io.submit(st.slab.write_slot, slot, it.buf)
+            except Exception as e:
+                self._write_failed(st, slot, e)
+                skipped.append(it)
+                continue
+            pending.append((it, st, slot, fut))
+        if skipped:
+            with self._cond:
+                for it in skipped:
+                    self._finish_item(it)
+                self._cond.notify_all()
+        if pending:
+            with self._cond:
+                self._commits_inflight += 1
+            self._commit_q.put(pending)  # bounded: a slow disk stalls the writer, never the callers
+
+    def _committer_main(self) -> None:
+        while True:
+            pending = self._commit_q.get()
+            if pending is None:
+                return
+            try:
+                result = self._commit_batch(pending)
+            except Exception as e:  # never lose a batch: report every page as failed
+                log.exception("L3 commit stage failed")
+                result = [(it, st, slot, "error", e) for it, st, slot, _ in pending]
+            with self._cond:
+                self._completed.append(result)
+                self._cond.notify_all()
+
+    def _commit_batch(self, pending) -> list:
+        """Committer thread: wait for writes, fdatasync once per slab, commit the index in one transaction.
+        Returns (item, state, slot, outcome, detail) per page; outcome in ok / dedup / write_error / index_full /
+        cancelled."""
+        out = []
         written = []
         for it, st, slot, fut in pending:
             try:
                 fut.result()
                 written.append((it, st, slot))
             except Exception as e:
-                self._write_failed(st, slot, e)
-                skipped.append(it)
-        # One fdatasync per slab for the whole batch; a failed sync fails every page written to that slab.
-        synced = []
-        bad_kinds = set()
+                out.append((it, st, slot, "write_error", e))
+        bad = {}
         for st in {id(s): s for _, s, _ in written}.values():
             try:
                 st.slab.sync()
             except Exception as e:
-                log.warning("L3 fdatasync failed on %s: %s", st.kind.label, e)
-                bad_kinds.add(st.kind)
+                bad[st.kind] = e
+        synced = []
         for it, st, slot in written:
-            if st.kind in bad_kinds:
-                self._write_failed(st, slot, None)
-                skipped.append(it)
+            if st.kind in bad:
+                out.append((it, st, slot, "write_error", bad[st.kind]))
             elif it.cancelled:
-                st.pool.free(slot)
-                skipped.append(it)
+                out.append((it, st, slot, "cancelled", None))
             else:
                 synced.append((it, st, slot))
         if synced:
             ts = now_us()
             res = self.index.commit_puts([(it.ikey, IndexEntry(self.rank, self.disk, slot, ts))
                                           for it, st, slot in synced])
-            if res is None:  # map full: nothing of the batch is present
-                self.c.index_full += len(synced)
-                for it, st, slot in synced:
-                    st.pool.free(slot)
-            else:
-                for (it, st, slot), existing in zip(synced, res):
-                    if existing is None:
-                        self.c.spilled += 1
-                        st.current[it.ikey] = (ts, slot)
-                        self._gc_seq += 1
-                        heapq.heappush(st.heap, (ts, self._gc_seq, it.ikey, slot))
-                    else:  # someone stored the same page first: our copy is unreferenced
+            for j, (it, st, slot) in enumerate(synced):
+                if res is None:
+                    out.append((it, st, slot, "index_full", None))
+                elif res[j] is None:
+                    out.append((it, st, slot, "ok", ts))
+                else:
+                    out.append((it, st, slot, "dedup", None))
+        return out
+
+    def _complete_batches(self, block: bool) -> None:
+        """Writer thread: apply committed batches to the pools / GC. ``block`` waits for every inflight batch
+        (a barrier before free / clear / stop, so no commit can land after them)."""
+        while True:
+            with self._cond:
+                if block:
+                    while self._commits_inflight and not self._completed:
+                        self._cond.wait(1.0)
+                if not self._completed:
+                    return
+                results = self._completed.popleft()
+            for it, st, slot, outcome, detail in results:
+                if outcome == "ok":
+                    self.c.spilled += 1
+                    st.current[it.ikey] = (detail, slot)
+                    self._gc_seq += 1
+                    heapq.heappush(st.heap, (detail, self._gc_seq, it.ikey, slot))
+                elif outcome == "write_error":
+                    self._write_failed(st, slot, detail)
+                elif outcome == "error":
+                    # Unknown whether the index commit happened: keep the slot allocated (a leak until the
+                    # next clear / load) rather than risk handing out a slot an entry may reference.
+                    self.c.write_errors += 1
+                else:
+                    if outcome == "dedup":  # someone stored the same page first: our copy is unreferenced
                         self.c.dedup += 1
-                        st.pool.free(slot)
-        with self._cond:
-            for it in batch:
-                self._finish_item(it)
-            self._cond.notify_all()
+                    elif outcome == "index_full":
+                        self.c.index_full += 1
+                    st.pool.free(slot)
+            with self._cond:
+                self._commits_inflight -= 1
+                for it, *_ in results:
+                    self._finish_item(it)
+                self._cond.notify_all()
 
     def _write_failed(self, st: _KindState, slot: int, err) -> None:
         self.c.write_errors += 1
@@ -784,6 +853,7 @@ class L3Store:
             if op == "bad":
                 self._reclaim_keys(kind, [(a, b)], counter=None)
                 continue
+            self._complete_batches(block=True)  # barrier: no commit of an older spill lands after this op
             if op == "free":
                 self._free_keys(kind, a)
             elif op == "clear":

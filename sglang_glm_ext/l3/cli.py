@@ -1,0 +1,67 @@
+"""``sglang-glm-ext l3 ...``: example-config, fsck, bench. Wired into the main CLI by ``add_l3_subcommands``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+
+__all__ = ["add_l3_subcommands", "bench_path"]
+
+
+def bench_path() -> str:
+    """benchmark/l3_bench.py of a source checkout (the benchmark is not part of the installed package)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.normpath(os.path.join(here, "..", "..", "benchmark", "l3_bench.py"))
+
+
+def _example_config(args: argparse.Namespace) -> int:
+    from .config import L3Config, write_example_config
+
+    path = write_example_config(args.dir)
+    L3Config.from_file(path)  # never hand out a config we cannot load ourselves
+    print(path)
+    return 0
+
+
+def _fsck(args: argparse.Namespace) -> int:
+    from .fsck import run_args
+
+    return run_args(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    path = bench_path()
+    if not os.path.exists(path):
+        print(f"l3 bench: {path} not found; run from a source checkout of sglang_glm_ext", file=sys.stderr)
+        return 2
+    spec = importlib.util.spec_from_file_location("l3_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rest = list(args.bench_args)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    return int(mod.main(rest) or 0)
+
+
+def add_l3_subcommands(subparsers) -> argparse.ArgumentParser:
+    """Add ``l3 {example-config,fsck,bench}`` to the main CLI's subparsers; each sets ``func(args) -> int``."""
+    from .fsck import build_arg_parser
+
+    l3 = subparsers.add_parser("l3", help="L3 disk tier tools: example-config, fsck, bench")
+    sub = l3.add_subparsers(dest="l3_command", required=True)
+
+    ex = sub.add_parser("example-config", help="write a small valid L3 config (l3.toml) that uses DIR")
+    ex.add_argument("--dir", required=True, help="directory for the config, the slabs and the index")
+    ex.set_defaults(func=_example_config)
+
+    fs = sub.add_parser("fsck", help="check index vs slabs; non-zero exit on corruption")
+    build_arg_parser(fs)
+    fs.set_defaults(func=_fsck)
+
+    be = sub.add_parser("bench", help="run benchmark/l3_bench.py (arguments are passed through)",
+                        add_help=False)
+    be.add_argument("bench_args", nargs=argparse.REMAINDER)
+    be.set_defaults(func=_bench)
+    return l3

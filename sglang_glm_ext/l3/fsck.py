@@ -1,0 +1,228 @@
+"""``l3 fsck``: check that the shared index and the slabs of one deployment agree.
+
+Categories (counted per slab and in total):
+
+* live            index entry -> slot whose header names exactly that page and whose payload checksum matches
+* corrupt         index entry -> slot whose header names the page but the payload checksum (or length) fails
+* orphan_index    index entry -> slot that does not hold that page (other page, empty, bad header, out of range,
+                  slab missing); serving it would be a miss, never bytes, but it wastes the entry
+* orphan_slot     slot with a valid header that no index entry points at (inert; overwritten on reuse)
+* unknown_version header written by another format version (a miss for this version; see l3_format.md)
+* empty           never-written slots
+
+``--repair`` drops corrupt and orphan_index entries, conditionally (only if the entry still names the same
+location, so a live server's newer write is never removed). Slabs are only read, never written.
+
+Exit code (``fsck_main``): 0 clean; 1 problems found and all repaired; 2 corruption or orphaned entries left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+
+from .aligned import AlignedBuffer
+from .config import L3Config, L3ConfigError
+from .format import BLOCK, PayloadKind, parse_header_reason, verify_blob_reason
+from .index import IndexEntry, L3Index, deployment_tag
+from .store import ReadOnlySlab, read_slab_meta, slab_path
+
+__all__ = ["FsckReport", "fsck", "fsck_main"]
+
+_CORRUPT_REASONS = ("payload_checksum", "truncated", "length_mismatch")
+
+
+@dataclass
+class FsckReport:
+    deployment_id: str
+    live: int = 0
+    corrupt: int = 0
+    orphan_index: int = 0
+    orphan_slot: int = 0
+    unknown_version: int = 0
+    empty: int = 0
+    slabs_scanned: int = 0
+    repaired: int = 0
+    repair: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def needs_repair(self) -> int:
+        return self.corrupt + self.orphan_index
+
+    @property
+    def exit_code(self) -> int:
+        if self.needs_repair == 0:
+            return 0
+        return 1 if self.repair and self.repaired >= self.needs_repair else 2
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["exit_code"] = self.exit_code
+        return d
+
+    def render(self) -> str:
+        lines = [f"L3 fsck deployment={self.deployment_id} slabs={self.slabs_scanned}",
+                 f"  live={self.live} corrupt={self.corrupt} orphan_index={self.orphan_index} "
+                 f"orphan_slot={self.orphan_slot} unknown_version={self.unknown_version} empty={self.empty}"]
+        if self.repair:
+            lines.append(f"  repaired (index entries dropped): {self.repaired}")
+        lines += [f"  - {p}" for p in self.problems]
+        verdict = {0: "clean", 1: "repaired", 2: "CORRUPTION FOUND (run with --repair)"}[self.exit_code]
+        lines.append(f"  result: {verdict}")
+        return "\n".join(lines)
+
+
+def _note(rep: FsckReport, msg: str, limit: int) -> None:
+    if len(rep.problems) < limit:
+        rep.problems.append(msg)
+
+
+def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, max_problems: int = 50) -> FsckReport:
+    """Scan every index entry of ``config.deployment_id`` and every slab of its ranks. See the module docstring."""
+    rep = FsckReport(config.deployment_id, repair=repair)
+    idx = L3Index.open(config.index_path, config.index_map_size)
+    try:
+        dep = deployment_tag(config.deployment_id)
+        groups: dict[tuple[int, int, int], list[tuple[bytes, IndexEntry]]] = collections.defaultdict(list)
+        for key, e in idx.iter_prefix(dep):
+            groups[(e.rank, e.disk, key[24])].append((key, e))
+        referenced: set[tuple[int, int, int, int]] = set()
+        to_drop: list[tuple[bytes, IndexEntry]] = []
+        for (rank, disk, kv), items in sorted(groups.items()):
+            kind = PayloadKind(kv) if kv in PayloadKind._value2member_map_ else None
+            path = slab_path(config, rank, kind, disk) if kind and 0 <= disk < len(config.disks) else None
+            meta = read_slab_meta(path) if path else None
+            if meta is None or not os.path.exists(path):
+                for key, e in items:
+                    rep.orphan_index += 1
+                    to_drop.append((key, e))
+                _note(rep, f"{len(items)} entries point at missing slab rank={rank} disk={disk} kind={kv}", max_problems)
+                continue
+            slot_bytes, num_slots = int(meta["slot_bytes"]), int(meta["num_slots"])
+            rd = ReadOnlySlab(path, slot_bytes)
+            buf = AlignedBuffer(slot_bytes)
+            try:
+                for key, e in sorted(items, key=lambda it: it[1].slot):
+                    if not 0 <= e.slot < num_slots:
+                        rep.orphan_index += 1
+                        to_drop.append((key, e))
+                        _note(rep, f"{path}: entry points at slot {e.slot} beyond {num_slots}", max_problems)
+                        continue
+                    referenced.add((rank, disk, kv, e.slot))
+                    n = BLOCK if headers_only else slot_bytes
+                    try:
+                        rd.read_slot_into(e.slot, buf, n)
+                    except OSError as ex:
+                        rep.corrupt += 1
+                        to_drop.append((key, e))
+                        _note(rep, f"{path} slot {e.slot}: read error {ex}", max_problems)
+                        continue
+                    if headers_only:
+                        hdr, reason = parse_header_reason(buf.view[:BLOCK])
+                        if hdr is not None and (hdr.kind != kind or hdr.content_hash != key[25:57]
+                                                or hdr.ns_digest != key[8:24]):
+                            reason = "hash_mismatch"
+                    else:
+                        _, reason = verify_blob_reason(buf.view, kind=kind, content_hash=key[25:57],
+                                                       ns_digest=key[8:24])
+                    if reason == "ok":
+                        rep.live += 1
+                    elif reason in _CORRUPT_REASONS:
+                        rep.corrupt += 1
+                        to_drop.append((key, e))
+                        _note(rep, f"{path} slot {e.slot}: corrupt ({reason})", max_problems)
+                    elif reason == "unknown_version":
+                        rep.unknown_version += 1
+                        _note(rep, f"{path} slot {e.slot}: unknown format version", max_problems)
+                    else:
+                        rep.orphan_index += 1
+                        to_drop.append((key, e))
+                        _note(rep, f"{path} slot {e.slot}: index entry orphaned ({reason})", max_problems)
+            finally:
+                rd.close()
+                buf.close()
+
+        # Slot pass: every slab of every configured rank, header only.
+        hbuf = AlignedBuffer(BLOCK)
+        try:
+            for rank in range(config.num_ranks):
+                disk = config.disk_for_rank(rank)
+                for kind in PayloadKind:
+                    path = slab_path(config, rank, kind, disk)
+                    meta = read_slab_meta(path)
+                    if meta is None or not os.path.exists(path):
+                        continue
+                    rep.slabs_scanned += 1
+                    slot_bytes, num_slots = int(meta["slot_bytes"]), int(meta["num_slots"])
+                    num_slots = min(num_slots, os.path.getsize(path) // slot_bytes)
+                    rd = ReadOnlySlab(path, slot_bytes)
+                    try:
+                        for slot in range(num_slots):
+                            if (rank, disk, int(kind), slot) in referenced:
+                                continue
+                            try:
+                                rd.read_slot_into(slot, hbuf, BLOCK)
+                            except OSError:
+                                continue
+                            hdr, reason = parse_header_reason(hbuf.view)
+                            if reason == "empty":
+                                rep.empty += 1
+                            elif reason == "unknown_version":
+                                rep.unknown_version += 1
+                            elif hdr is not None:
+                                rep.orphan_slot += 1
+                            else:
+                                rep.empty += 1  # garbage in a never-referenced slot is as inert as zeros
+                    finally:
+                        rd.close()
+        finally:
+            hbuf.close()
+
+        if repair and to_drop:
+            for i in range(0, len(to_drop), 4096):
+                res = idx.delete_if(to_drop[i:i + 4096])
+                if res is None:
+                    _note(rep, "index map full while repairing; enlarge index.map_size", max_problems)
+                    break
+                # An entry already gone (freed meanwhile) is as repaired as one we deleted.
+                rep.repaired += len(res)
+    finally:
+        idx.close()
+    return rep
+
+
+def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = parser or argparse.ArgumentParser(prog="sglang-glm-ext l3 fsck", description=__doc__.split("\n")[0])
+    p.add_argument("config", help="L3 config (TOML or JSON)")
+    p.add_argument("--repair", action="store_true", help="drop corrupt and orphaned index entries")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--headers-only", action="store_true", help="skip payload checksums (fast; finds no bit rot)")
+    return p
+
+
+def run_args(args: argparse.Namespace) -> int:
+    try:
+        cfg = L3Config.from_file(args.config)
+    except L3ConfigError as e:
+        print(f"l3 fsck: {e}", file=sys.stderr)
+        return 2
+    try:
+        rep = fsck(cfg, repair=args.repair, headers_only=args.headers_only)
+    except OSError as e:
+        print(f"l3 fsck: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(rep.as_dict(), indent=2, sort_keys=True) if args.json else rep.render())
+    return rep.exit_code
+
+
+def fsck_main(argv: list[str] | None = None) -> int:
+    return run_args(build_arg_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(fsck_main())
