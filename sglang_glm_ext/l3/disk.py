@@ -127,6 +127,7 @@ class DiskSlab:
         self.prealloc_reason = prealloc_reason
         self.created = created
         self.readonly = False
+        # Diagnostics only (tests, bench): unlocked increments may undercount when several threads do I/O.
         self.counters = {"direct_reads": 0, "bounce_reads": 0, "buffered_reads": 0, "writes": 0}
         self._local = threading.local()
         self._owned_buffers: list[AlignedBuffer] = []
