@@ -165,11 +165,16 @@ def hook_engine_init(original: Callable, self, *args, **kwargs):
         attach(sa, values)
         return sa
 
-    self.server_args_class = build  # instance attribute shadows the class one for this construction only
+    # An instance attribute shadows the class one for this construction only; restore whatever was there.
+    had, prev = "server_args_class" in self.__dict__, self.__dict__.get("server_args_class")
+    self.server_args_class = build
     try:
         return original(self, *args, **kwargs)
     finally:
-        self.__dict__.pop("server_args_class", None)
+        if had:
+            self.__dict__["server_args_class"] = prev
+        else:
+            self.__dict__.pop("server_args_class", None)
 
 
 def _guard_version(values: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ PATCHES: tuple[Patch, ...] = (
         sglang_versions=V0523,
         remove_when="SGLang offers a public API for plugin CLI arguments.",
         signature=("parser",),
-        source_sha="52bd3ae9b30f6ee6",
+        source_sha="8d5f9b207365f5ba",
     ),
     Patch(
         id="flags.from_cli",
@@ -40,7 +40,7 @@ PATCHES: tuple[Patch, ...] = (
         sglang_versions=V0523,
         remove_when="SGLang offers a public API for plugin CLI arguments.",
         signature=("cls", "args"),
-        source_sha="e1e7c0c2d2a7f7ef",
+        source_sha="32152825e268b6da",
     ),
     Patch(
         id="flags.engine_kwargs",
@@ -55,9 +55,42 @@ PATCHES: tuple[Patch, ...] = (
         sglang_versions=V0523,
         remove_when="SGLang offers a public API for plugin options on Engine.",
         signature=("self", "kwargs"),
-        source_sha="",
+        source_sha="54412adbf86ad86b",
     ),
     # --- cg_mem patches (seed 152-162; owner: sglang_glm_ext/cgmem) ---
+    Patch(
+        id="cg_mem.capture",
+        target="sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.capture",
+        hook_type="around",
+        hook="sglang_glm_ext.cgmem.hooks:hook_capture",
+        feature="cg_mem",
+        tier=Tier.FEATURE,
+        reason="Attribute decode CUDA-graph memory at capture (rank 0, when cg_mem is on): static buffer table "
+        "with cross-family aliasing, graph-pool growth per shape, family TOTAL. capture() runs in every "
+        "decode-graph runner's __init__ after share_buffers() and no EAGLE runner overrides it; their "
+        "capture_one_shape overrides are covered by a per-capture instance attribute, not more patches.",
+        seed_lines="152-162",
+        sglang_versions=V0523,
+        remove_when="SGLang logs per-runner static buffers and graph-pool growth per captured shape itself.",
+        signature=("self",),
+        source_sha="4e54deacc7c6003e",
+    ),
+    Patch(
+        id="cg_mem.profile_pickle",
+        target="sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
+        "._post_process_after_profile",
+        hook_type="around",
+        hook="sglang_glm_ext.cgmem.hooks:hook_post_process_after_profile",
+        feature="cg_mem",
+        tier=Tier.FEATURE,
+        reason="--enable-profile-cuda-graph: write cuda_graph_mem_<family>.pickle per runner; SGLang dumps every "
+        "runner's snapshot to one fixed cuda_graph_runner_memory_usage.pickle, so each overwrites the last.",
+        seed_lines="152-162",
+        sglang_versions=V0523,
+        remove_when="SGLang names the capture memory snapshot per runner.",
+        signature=("self", "prof_context"),
+        source_sha="2832e47a32038c28",
+    ),
     # --- end cg_mem ---
     # --- host_register / regression-fix patches (seed 297-321 and any fix 0.5.23 lacks) ---
     # --- end host_register ---

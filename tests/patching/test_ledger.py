@@ -1,0 +1,94 @@
+"""The ledger applies our hooks with SGLang's wrapping and proves each one is live, or says it failed."""
+
+import sys
+import types
+
+import pytest
+
+from sglang_glm_ext.patching import ledger as L
+
+
+def hook_double(original, *args, **kwargs):
+    return 2 * original(*args, **kwargs)
+
+
+def hook_after_add(result, *args, **kwargs):
+    return result + 100
+
+
+def not_a_hook(*a, **k):
+    return None
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    mod = types.ModuleType("glm_ext_fake_mod")
+    exec(
+        "class Runner:\n"
+        "    def capture(self, x):\n        return x\n"
+        "    @classmethod\n    def build(cls, x):\n        return x\n"
+        "    @staticmethod\n    def helper(x):\n        return x\n",
+        mod.__dict__,
+    )
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    this = sys.modules[__name__]
+    monkeypatch.setitem(sys.modules, "glm_ext_test_hooks", this)
+    return mod
+
+
+def P(target, hook, hook_type="around", tier=L.Tier.FEATURE):
+    return L.Patch(id=target, target=target, hook_type=hook_type, hook=f"glm_ext_test_hooks:{hook}",
+                   feature="fake", tier=tier, reason="r", seed_lines="-", sglang_versions=("0",),
+                   remove_when="-", signature=())
+
+
+def test_apply_verifies_hook_is_live(fake):
+    st = L.apply_one(P("glm_ext_fake_mod.Runner.capture", "hook_double"), None)
+    assert st.state is L.State.APPLIED
+    assert fake.Runner().capture(3) == 6
+    assert L.hook_in_chain("glm_ext_fake_mod.Runner.capture", hook_double)
+
+
+def test_apply_is_idempotent(fake):
+    p = P("glm_ext_fake_mod.Runner.capture", "hook_double")
+    L.apply_one(p, None)
+    st = L.apply_one(p, None)
+    assert st.state is L.State.APPLIED and st.detail == "already applied"
+    assert fake.Runner().capture(3) == 6  # not wrapped twice
+
+
+def test_classmethod_and_staticmethod_stay_what_they_were(fake):
+    assert L.apply_one(P("glm_ext_fake_mod.Runner.build", "hook_after_add", "after"), None).state is L.State.APPLIED
+    assert L.apply_one(P("glm_ext_fake_mod.Runner.helper", "hook_double"), None).state is L.State.APPLIED
+    assert isinstance(fake.Runner.__dict__["build"], classmethod)
+    assert isinstance(fake.Runner.__dict__["helper"], staticmethod)
+    assert fake.Runner.build(1) == 101 and fake.Runner.helper(4) == 8
+
+
+def test_missing_target_is_a_failure_not_silence(fake):
+    st = L.apply_one(P("glm_ext_fake_mod.Runner.gone", "hook_double"), None)
+    assert st.state is L.State.FAILED and "gone" in st.detail
+
+
+def test_missing_hook_is_a_failure(fake):
+    st = L.apply_one(P("glm_ext_fake_mod.Runner.capture", "no_such_hook"), None)
+    assert st.state is L.State.FAILED and "no_such_hook" in st.detail
+
+
+def test_hook_that_did_not_land_is_detected(fake, monkeypatch):
+    # A target whose setattr is swallowed (e.g. a read-only proxy) resolves fine but never runs our hook.
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    monkeypatch.setattr(HookRegistry, "_apply_target", classmethod(lambda cls, target, hooks: None))
+    st = L.apply_one(P("glm_ext_fake_mod.Runner.capture", "hook_double"), None)
+    assert st.state is L.State.FAILED and "not in its live wrapper chain" in st.detail
+
+
+def test_feature_patches_skipped_when_not_allowed(fake):
+    led = L.Ledger((P("glm_ext_fake_mod.Runner.capture", "hook_double"),
+                    P("glm_ext_fake_mod.Runner.helper", "hook_double", tier=L.Tier.GUARD)))
+    L.apply_all(led, allow_features=False, why_skipped="sglang 9.9 unsupported")
+    assert led.status["glm_ext_fake_mod.Runner.capture"].state is L.State.SKIPPED
+    assert "9.9" in led.status["glm_ext_fake_mod.Runner.capture"].detail
+    assert led.status["glm_ext_fake_mod.Runner.helper"].state is L.State.APPLIED
+    assert fake.Runner().capture(3) == 3

@@ -1,0 +1,111 @@
+"""Plugin flags reach ServerArgs through SGLang's CLI, --config YAML, pickling and the Engine(...) API."""
+
+import pickle
+
+import pytest
+
+from sglang_glm_ext import flags
+
+
+@pytest.fixture(scope="module", autouse=True)
+def loaded():
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+
+
+def parse(argv):
+    from sglang.srt.server_args import prepare_server_args
+
+    return prepare_server_args(argv)
+
+
+def test_cli_flag_lands_on_record_and_survives_pickling():
+    sa = parse(["--model-path", "dummy", "--log-cuda-graph-buffers"])
+    assert sa._glm_ext["log_cuda_graph_buffers"] is True
+    # Scheduler subprocesses get the record pickled; the bookkeeping attribute must travel with it.
+    assert pickle.loads(pickle.dumps(sa))._glm_ext == sa._glm_ext
+    assert flags.get(sa)["log_cuda_graph_buffers"] is True
+
+
+def test_defaults_when_no_flag_given():
+    sa = parse(["--model-path", "dummy"])
+    assert sa._glm_ext == {f.name: f.default for f in flags.FLAGS}
+
+
+def test_help_lists_the_plugin_group(capsys):
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    out = capsys.readouterr().out
+    assert "sglang-glm-ext" in out
+    for f in flags.FLAGS:
+        assert f.cli in out
+
+
+def test_config_yaml_accepts_plugin_keys(tmp_path):
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text("model-path: dummy\nlog-cuda-graph-buffers: true\n")
+    sa = parse(["--config", str(cfg)])
+    assert sa._glm_ext["log_cuda_graph_buffers"] is True
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--enable-cp-l3"], "needs --cp-l3-config"),
+        (["--cp-l3-config", "x.toml"], "without --enable-cp-l3"),
+        (["--enable-cp-l3", "--cp-l3-config", "/nonexistent/l3.toml"], "no such file"),
+    ],
+)
+def test_bad_l3_flags_fail_before_serving(argv, needle):
+    with pytest.raises(SystemExit) as exc:
+        parse(["--model-path", "dummy", *argv])
+    assert needle in str(exc.value)
+
+
+def test_env_var_switches_feature_on(monkeypatch):
+    monkeypatch.setenv("SGLANG_LOG_CG_BUFFERS", "1")
+    sa = parse(["--model-path", "dummy"])
+    assert flags.get(sa)["log_cuda_graph_buffers"] is True
+
+
+class _FakeEngine:
+    """Stands in for Engine: its __init__ builds ServerArgs from kwargs exactly as Engine.__init__ does
+    (`self.server_args_class(**kwargs)`; tests/test_contracts.py pins that line in the real Engine)."""
+
+    from sglang.srt.server_args import ServerArgs as server_args_class
+
+    built = None
+
+    def original(self, **kwargs):
+        self.built = self.server_args_class(**kwargs)
+
+
+def test_engine_keywords_are_taken_out_and_attached():
+    eng = _FakeEngine()
+    flags.hook_engine_init(lambda self, **kw: self.original(**kw), eng, model_path="dummy",
+                           log_cuda_graph_buffers=True)
+    assert eng.built._glm_ext["log_cuda_graph_buffers"] is True
+    assert "server_args_class" not in eng.__dict__  # the per-construction shadow is gone afterwards
+
+
+def test_engine_rejects_bad_plugin_keyword_value():
+    eng = _FakeEngine()
+    with pytest.raises(flags.PluginFlagError, match="expects true/false"):
+        flags.hook_engine_init(lambda self, **kw: self.original(**kw), eng, model_path="dummy",
+                               log_cuda_graph_buffers="yes")
+
+
+def test_real_engine_refuses_bad_l3_options_before_launching():
+    import sglang
+
+    with pytest.raises(flags.PluginFlagError, match="needs --cp-l3-config"):
+        sglang.Engine(model_path="dummy", enable_cp_l3=True)
+
+
+def test_enable_cp_l3_with_valid_config_is_refused_until_wired(tmp_path):
+    l3cfg = pytest.importorskip("sglang_glm_ext.l3.config")
+    path = tmp_path / "l3.toml"
+    path.write_text(l3cfg.example_config(str(tmp_path / "disk")))
+    with pytest.raises(SystemExit, match="cannot work"):
+        parse(["--model-path", "dummy", "--enable-cp-l3", "--cp-l3-config", str(path)])
