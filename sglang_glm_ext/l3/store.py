@@ -973,6 +973,10 @@ class L3Store:
         self.c.gc_reclaimed += n
         return n
 
+    def slab(self, kind) -> Any:
+        """This rank's writable ``DiskSlab`` for ``kind`` (fault injection in tests, diagnostics)."""
+        return self._kinds[PayloadKind.parse(kind)].slab
+
     # ------------------------------------------------------------------ stats / close
     def stats(self) -> dict:
         with self._lock:

@@ -1,0 +1,136 @@
+"""L3Config: loading, validation with key paths, rank->disk mapping, budget split, example config."""
+
+import json
+import os
+
+import pytest
+
+from sglang_glm_ext.l3.config import L3Config, L3ConfigError, example_config, parse_size, write_example_config
+
+
+def _base(tmp_path, **over):
+    d = {
+        "disks": [{"path": str(tmp_path / "d0"), "budget": "1GiB"}],
+        "index": {"path": str(tmp_path / "idx")},
+    }
+    d.update(over)
+    return d
+
+
+def test_example_config_is_valid_and_uses_dir(tmp_path):
+    path = write_example_config(tmp_path / "cfg")
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o600)
+    cfg = L3Config.from_file(path)
+    assert cfg.disks[0].path.startswith(str(tmp_path / "cfg"))
+    assert cfg.index_path.startswith(str(tmp_path / "cfg"))
+    assert cfg.cold_start == "clear" and cfg.gc_start == 0.90 and cfg.gc_stop == 0.85
+    assert str(tmp_path) in example_config(tmp_path)
+
+
+def test_toml_and_json_load_the_same(tmp_path):
+    data = _base(tmp_path, ranks={"count": 4, "mapping": "balanced"}, gc={"start": 0.8, "stop": 0.5})
+    jp = tmp_path / "c.json"
+    jp.write_text(json.dumps(data))
+    tp = tmp_path / "c.toml"
+    tp.write_text(f'[[disks]]\npath = "{tmp_path}/d0"\nbudget = "1GiB"\n[index]\npath = "{tmp_path}/idx"\n'
+                  f'[ranks]\ncount = 4\nmapping = "balanced"\n[gc]\nstart = 0.8\nstop = 0.5\n')
+    a, b = L3Config.from_file(jp), L3Config.from_file(tp)
+    assert a == b
+    assert a.rank_to_disk == (0, 0, 0, 0)
+
+
+def test_relative_paths_resolve_next_to_the_file(tmp_path):
+    tp = tmp_path / "c.toml"
+    tp.write_text('[[disks]]\npath = "slabs"\nbudget = 4096000\n[index]\npath = "idx"\n')
+    cfg = L3Config.from_file(tp)
+    assert cfg.disks[0].path == str(tmp_path / "slabs")
+    assert cfg.index_path == str(tmp_path / "idx")
+
+
+def test_balanced_and_explicit_mapping(tmp_path):
+    disks = [{"path": str(tmp_path / f"d{i}"), "budget": 3000 * 4096} for i in range(2)]
+    cfg = L3Config.from_dict(_base(tmp_path, disks=disks, ranks={"count": 3}))
+    assert cfg.rank_to_disk == (0, 1, 0)
+    assert cfg.ranks_on_disk(0) == [0, 2]
+    assert cfg.rank_budget(0) == 1500 * 4096 and cfg.rank_budget(1) == 3000 * 4096
+    cfg = L3Config.from_dict(_base(tmp_path, disks=disks, ranks={"mapping": [1, 1, 0]}))
+    assert cfg.num_ranks == 3 and cfg.disk_for_rank(0) == 1
+
+
+@pytest.mark.parametrize("ranks,needle", [
+    ({"count": 2, "mapping": [0, 0, 0]}, "ranks.mapping: has 3 entries"),
+    ({"mapping": [0, 2]}, "ranks.mapping[1]: disk index 2 out of range"),
+    ({"mapping": [0, -1]}, "ranks.mapping[1]"),
+    ({"mapping": "round_robin"}, "ranks.mapping: unknown mapping"),
+    ({"count": 0}, "ranks.count"),
+])
+def test_bad_mapping_is_loud_with_key_path(tmp_path, ranks, needle):
+    disks = [{"path": str(tmp_path / f"d{i}"), "budget": 2**30} for i in range(2)]
+    with pytest.raises(L3ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        L3Config.from_dict(_base(tmp_path, disks=disks, ranks=ranks))
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"cold_start": "warm"}, "cold_start: unknown mode"),
+    ({"gc": {"start": 0.8, "stop": 0.9}}, "gc.start: must be greater than gc.stop"),
+    ({"gc": {"start": 1.5}}, "gc.start: must be in"),
+    ({"gc": {"stop": 0}}, "gc.stop: must be in"),
+    ({"gc": {"budget_per_round": -1}}, "gc.budget_per_round"),
+    ({"queues": {"staging_bytes": "lots"}}, "queues.staging_bytes: cannot parse"),
+    ({"queues": {"max_inflight": 0}}, "queues.max_inflight"),
+    ({"plp": "maybe"}, "plp: unknown value"),
+    ({"require_plp": "yes"}, "require_plp: expected bool"),
+    ({"deployment_id": "a/b"}, "deployment_id"),
+    ({"bogus": 1}, "bogus: unknown key"),
+    ({"disks": []}, "disks: at least one disk"),
+    ({"disks": [{"path": "/x"}]}, r"disks\[0\].budget: required"),
+    ({"disks": [{"path": "/x", "budget": 0}]}, r"disks\[0\].budget: must be > 0"),
+    ({"index": {}}, "index.path: required"),
+    ({"index": {"path": "/i", "map_size": 1000}}, "index.map_size"),
+    ({"payload_split": "weights"}, "payload_weights"),
+    ({"payload_split": "weights", "payload_weights": {"nope": 1}}, "payload_weights.nope"),
+])
+def test_every_bad_value_names_its_key(tmp_path, over, needle):
+    with pytest.raises(L3ConfigError, match=needle):
+        L3Config.from_dict(_base(tmp_path, **over))
+
+
+def test_unreadable_or_invalid_file_is_loud(tmp_path):
+    with pytest.raises(L3ConfigError, match="cannot read"):
+        L3Config.from_file(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[disks]\n")
+    with pytest.raises(L3ConfigError, match="not valid TOML"):
+        L3Config.from_file(bad)
+
+
+def test_parse_size_units():
+    assert parse_size("64MiB", "k") == 64 * 2**20
+    assert parse_size("2GB", "k") == 2 * 10**9
+    assert parse_size(4096, "k") == 4096
+    with pytest.raises(L3ConfigError):
+        parse_size(True, "k")
+
+
+def test_budget_split_equal_slots_and_weights(tmp_path):
+    cfg = L3Config.from_dict(_base(tmp_path, disks=[{"path": str(tmp_path / "d"), "budget": 100 * 4096}],
+                                   ranks={"count": 2}))
+    # 2 ranks share the disk: 50 blocks each; equal slot counts: 50 // (1 + 4) = 10 slots per kind.
+    assert cfg.slots_per_kind(1, {"target_kv": 4 * 4096, "index_k": 4096}) == {"target_kv": 10, "index_k": 10}
+    cfg = L3Config.from_dict(_base(tmp_path, disks=[{"path": str(tmp_path / "d"), "budget": 100 * 4096}],
+                                   payload_split="weights", payload_weights={"target_kv": 3, "index_k": 1}))
+    assert cfg.slots_per_kind(0, {"target_kv": 4096, "index_k": 4096}) == {"target_kv": 75, "index_k": 25}
+    with pytest.raises(L3ConfigError, match="payload_weights.draft_kv"):
+        cfg.slots_per_kind(0, {"draft_kv": 4096})
+
+
+def test_budget_too_small_for_one_page_is_loud(tmp_path):
+    cfg = L3Config.from_dict(_base(tmp_path, disks=[{"path": str(tmp_path / "d"), "budget": 4096}]))
+    with pytest.raises(L3ConfigError, match=r"disks\[0\].budget"):
+        cfg.slots_per_kind(0, {"target_kv": 8192})
+
+
+def test_rank_out_of_range(tmp_path):
+    cfg = L3Config.from_dict(_base(tmp_path, ranks={"count": 2}))
+    with pytest.raises(L3ConfigError, match="rank 2 out of range"):
+        cfg.disk_for_rank(2)

@@ -1,0 +1,117 @@
+"""L3Index: LMDB mapping (deployment, namespace, kind, hash) -> (rank, disk, slot, last_access)."""
+
+import os
+import stat
+
+import pytest
+
+from sglang_glm_ext.l3.index import IndexEntry, L3Index, deployment_tag, make_key, split_key
+
+NS_A = b"A" * 16
+NS_B = b"B" * 16
+
+
+def _h(i):
+    return i.to_bytes(32, "big")
+
+
+@pytest.fixture
+def idx(tmp_path):
+    ix = L3Index.open(str(tmp_path / "idx"), 16 * 2**20)
+    yield ix
+    ix.close()
+
+
+def test_files_and_dir_are_owner_only(tmp_path, idx):
+    p = tmp_path / "idx"
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o700
+    for name in ("data.mdb", "lock.mdb"):
+        assert stat.S_IMODE(os.stat(p / name).st_mode) == 0o600
+
+
+def test_put_get_many_prefix(idx):
+    dep = deployment_tag("d")
+    keys = [make_key(dep, NS_A, 1, _h(i)) for i in range(5)]
+    for i in (0, 1, 2, 4):
+        assert idx.put(keys[i], IndexEntry(0, 0, i, 10 + i))
+    got = idx.get_many(keys)
+    assert got[3] is None and got[4] == IndexEntry(0, 0, 4, 14)
+    assert idx.prefix_len(keys) == 3  # stops at the first miss even though key 4 exists
+    assert split_key(keys[2]) == (dep, NS_A, 1, _h(2))
+
+
+def test_commit_puts_is_insert_if_absent(idx):
+    dep = deployment_tag("d")
+    k = make_key(dep, NS_A, 1, _h(1))
+    assert idx.commit_puts([(k, IndexEntry(0, 0, 5, 1))]) == [None]
+    res = idx.commit_puts([(k, IndexEntry(1, 0, 7, 2)), (make_key(dep, NS_A, 1, _h(2)), IndexEntry(1, 0, 8, 2))])
+    assert res[0] == IndexEntry(0, 0, 5, 1) and res[1] is None
+    assert idx.get(k).slot == 5  # the first writer keeps the entry
+
+
+def test_delete_if_is_conditional_on_location(idx):
+    dep = deployment_tag("d")
+    k = make_key(dep, NS_A, 1, _h(1))
+    idx.put(k, IndexEntry(1, 0, 9, 100))
+    assert idx.delete_if([(k, IndexEntry(0, 0, 9, 100))]) == [False]  # other rank
+    assert idx.delete_if([(k, IndexEntry(1, 0, 9, 50))], newer_than_wins=True) == [IndexEntry(1, 0, 9, 100)]
+    assert idx.get(k) is not None
+    assert idx.delete_if([(k, IndexEntry(1, 0, 9, 100))]) == [True]
+    assert idx.get(k) is None
+
+
+def test_touch_only_raises_last_access(idx):
+    k = make_key(deployment_tag("d"), NS_A, 1, _h(1))
+    idx.put(k, IndexEntry(0, 0, 1, 100))
+    idx.touch_many([(k, 50)])
+    assert idx.get(k).last_access == 100
+    idx.touch_many([(k, 200), (make_key(deployment_tag("d"), NS_A, 1, _h(9)), 300)])
+    assert idx.get(k).last_access == 200
+    assert idx.count() == 1  # touching an absent key never creates it
+
+
+def test_delete_for_touches_only_this_deployment_and_rank(idx):
+    d1, d2 = deployment_tag("one"), deployment_tag("two")
+    for dep in (d1, d2):
+        for ns in (NS_A, NS_B):
+            for rank in (0, 1):
+                for i in range(3):
+                    idx.put(make_key(dep, ns, 1, _h(rank * 10 + i)), IndexEntry(rank, 0, i, 1))
+    assert idx.count() == 24
+    assert len(list(idx.iter_rank(d1, 0, NS_A))) == 3
+    assert idx.delete_for(d1, 0, keep_ns=NS_A) == 3  # only d1 / rank 0 / namespace B
+    assert idx.delete_for(d1, 0) == 3
+    assert idx.count() == 18
+    assert all(e.rank == 1 for _, e in idx.iter_prefix(d1))
+    assert len(list(idx.iter_prefix(d2))) == 12
+
+
+def test_map_full_is_a_counted_false_not_a_crash(tmp_path):
+    ix = L3Index.open(str(tmp_path / "small"), 2**20)  # 1 MiB map: a few thousand entries
+    dep = deployment_tag("d")
+    ok = 0
+    for b in range(1000):
+        res = ix.commit_puts([(make_key(dep, NS_A, 1, _h(b * 100 + j)), IndexEntry(0, 0, j, 1)) for j in range(100)])
+        if res is None:
+            break
+        ok += 100
+    assert 0 < ok < 100_000 and ix.index_full == 100  # the whole refused batch counted, nothing of it stored
+    assert ix.get(make_key(dep, NS_A, 1, _h(ok))) is None
+    # Single puts fill what the batch could not, then fail the same way.
+    singles = [ix.put(make_key(dep, NS_A, 1, _h(10**7 + j)), IndexEntry(0, 0, 1, 1)) for j in range(100)]
+    assert singles[-1] is False and ix.index_full == 100 + singles.count(False)
+    # Existing entries stay readable after the failures.
+    assert ix.get(make_key(dep, NS_A, 1, _h(0))) is not None
+    ix.close()
+
+
+def test_sizing_bytes_per_entry(tmp_path):
+    """Sizing figure for docs_internal/l3_design.md: B-tree bytes per entry with random 32-byte hashes."""
+    ix = L3Index.open(str(tmp_path / "size"), 256 * 2**20)
+    dep = deployment_tag("d")
+    n = 50_000
+    for i in range(0, n, 5000):
+        ix.commit_puts([(make_key(dep, NS_A, 1, os.urandom(32)), IndexEntry(0, 0, j, j)) for j in range(i, i + 5000)])
+    per = ix.stat()["bytes_used"] / n
+    assert 80 <= per <= 250, per  # 57 B key + 16 B value + node overhead, B-tree fill ~ 50-100 %
+    ix.close()
