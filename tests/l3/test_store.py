@@ -1,0 +1,359 @@
+"""L3Store end to end on real files: spill -> durable -> exists -> reload byte-exact, dedup, free, clear, staging
+bounds, fault injection (ENOSPC / EIO / stalled disk / index full / bit flips), open-time errors."""
+
+import errno
+import hashlib
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from sglang_glm_ext.l3.config import L3Config, L3ConfigError
+from sglang_glm_ext.l3.disk import fail_write
+from sglang_glm_ext.l3.format import HEADER_SIZE, Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.layout import PageLayout
+from sglang_glm_ext.l3.store import L3Store, L3StoreError
+
+PB = 3 * 4096 + 100  # not a BLOCK multiple, like GLM-5's 3,274,752 B
+SLOT = slot_bytes_for(PB)
+NS = Namespace("glm5", "bf16", "page_first", 64, 0, 78, "tp0")
+K = PayloadKind.TARGET_KV
+
+
+def key(i, salt="k"):
+    return hashlib.sha256(f"{salt}{i}".encode()).hexdigest()
+
+
+def page(i, salt="k"):
+    return np.frombuffer(hashlib.shake_256(f"{salt}{i}".encode()).digest(PB), dtype=np.uint8).copy()
+
+
+def cfg(tmp_path, slots=64, **over):
+    d = {
+        "deployment_id": "t",
+        "disks": [{"path": str(tmp_path / "disk"), "budget": slots * SLOT}],
+        "index": {"path": str(tmp_path / "index"), "map_size": 64 * 2**20},
+        "queues": {"staging_bytes": 32 * SLOT, "write_batch_pages": 8, "io_threads": 2, "reload_threads": 2},
+    }
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(d.get(k), dict):
+            d[k] = {**d[k], **v}
+        else:
+            d[k] = v
+    return L3Config.from_dict(d)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = L3Store.open(cfg(tmp_path), rank=0, namespace=NS, page_bytes={K: PB})
+    yield s
+    s.close()
+
+
+def spill_durable(s, idxs, salt="k"):
+    acc = s.spill(K, [key(i, salt) for i in idxs], [page(i, salt) for i in idxs])
+    assert all(acc)
+    assert s.flush(30)
+
+
+def test_roundtrip_byte_exact_and_exists_prefix(store):
+    spill_durable(store, range(10))
+    keys = [key(i) for i in range(12)]
+    assert store.exists(K, keys) == 10
+    assert store.exists(K, [key(0), key(99), key(1)]) == 1  # contiguous prefix only
+    dsts = [np.zeros(PB, np.uint8) for _ in range(12)]
+    ok = store.reload_into(K, keys, dsts)
+    assert ok == [True] * 10 + [False] * 2
+    for i in range(10):
+        assert np.array_equal(dsts[i], page(i))
+    st = store.stats()
+    assert st["spilled"] == 10 and st["reload_hits"] == 10 and st["reload_misses"] == 2
+    assert st["slots"]["target_kv"]["used"] == 10
+
+
+def test_spill_returns_before_durable_and_caller_may_reuse_its_buffer(store):
+    buf = page(1)
+    assert store.spill(K, [key(1)], [buf]) == [True]
+    buf[:] = 0  # the caller releases / overwrites its host page right after spill returns
+    assert store.flush(30)
+    out = np.zeros(PB, np.uint8)
+    assert store.reload_into(K, [key(1)], [out]) == [True]
+    assert np.array_equal(out, page(1))
+
+
+def test_reload_into_unaligned_and_oversized_destinations(store):
+    spill_durable(store, [3])
+    raw = bytearray(PB + 7)
+    dst = memoryview(raw)[3:3 + PB]  # unaligned address
+    assert store.reload_into(K, [key(3)], [dst]) == [True]
+    assert bytes(dst) == page(3).tobytes()
+    big = np.zeros(PB + 4096, np.uint8)
+    assert store.reload_into(K, [key(3)], [big]) == [True]
+    assert np.array_equal(big[:PB], page(3))
+    assert store.reload_into(K, [key(3)], [np.zeros(PB - 1, np.uint8)]) == [False]  # too small: a miss
+
+
+def test_dedup_by_content_hash_no_second_write(store):
+    spill_durable(store, range(4))
+    writes = store.slab(K).counters["writes"]
+    assert store.spill(K, [key(i) for i in range(4)], [page(i) for i in range(4)]) == [True] * 4
+    assert store.flush(30)
+    assert store.slab(K).counters["writes"] == writes
+    # Same key twice in one call: staged once.
+    assert store.spill(K, [key(7), key(7)], [page(7), page(7)]) == [True, True]
+    assert store.flush(30)
+    st = store.stats()
+    assert st["spilled"] == 5 and st["dedup"] == 5
+
+
+def test_layout_variants_gather_and_scatter(store):
+    n_layers, sb, n_pages = 4, PB // 4, 6
+    pb = n_layers * sb
+    assert pb == PB
+    host = np.random.default_rng(0).integers(0, 256, n_layers * sb * n_pages, dtype=np.uint8)
+    lay = PageLayout.layer_first(host, n_layers=n_layers, slice_bytes=sb, num_pages=n_pages)
+    keys = [key(i, "lay") for i in range(n_pages)]
+    assert all(store.spill_from_layout(K, keys, lay, list(range(n_pages))))
+    assert store.flush(30)
+    want = host.copy()
+    host[:] = 0
+    assert store.reload_into_layout(K, keys, lay, list(range(n_pages))) == [True] * n_pages
+    assert np.array_equal(host, want)
+
+
+def test_free_removes_page_and_slot(store):
+    spill_durable(store, range(3))
+    store.free(K, [key(1)])
+    assert store.flush(30)
+    assert store.exists(K, [key(0), key(1)]) == 1
+    assert store.reload_into(K, [key(1)], [np.zeros(PB, np.uint8)]) == [False]
+    st = store.stats()
+    assert st["slots"]["target_kv"]["used"] == 2 and st["freed"] == 1
+
+
+def test_clear_empties_this_rank_and_keeps_counters(store):
+    spill_durable(store, range(5))
+    assert store.clear()
+    assert store.exists(K, [key(0)]) == 0
+    st = store.stats()
+    assert st["slots"]["target_kv"]["used"] == 0 and st["spilled"] == 5  # counters are monotonic
+    spill_durable(store, range(5, 8))
+    assert store.exists(K, [key(5), key(6), key(7)]) == 3
+
+
+def test_bad_keys_and_bad_pages_never_raise(store):
+    assert store.spill(K, ["nothex", key(1)], [page(0), np.zeros(10, np.uint8)]) == [False, False]
+    assert store.stats()["dropped_bad_input"] == 2
+    assert store.exists(K, ["nothex"]) == 0
+    assert store.reload_into(K, ["zz", key(5)], [np.zeros(PB, np.uint8)] * 2) == [False, False]
+    assert store.spill("no_such_kind", [key(1)], [page(1)]) == [False]
+    assert store.stats()["data_path_errors"] >= 1
+
+
+def test_enospc_and_eio_on_write_are_counted_misses(store):
+    for err in (errno.ENOSPC, errno.EIO):
+        store.slab(K).inject_write_fault(fail_write(err))
+        assert all(store.spill(K, [key(i, err) for i in range(3)], [page(i, err) for i in range(3)]))
+        assert store.flush(30)
+        assert store.exists(K, [key(0, err)]) == 0
+    store.slab(K).inject_write_fault(None)
+    st = store.stats()
+    assert st["write_errors"] == 6 and st["spilled"] == 0
+    assert st["slots"]["target_kv"]["used"] == 0  # every failed slot went back to the pool
+    spill_durable(store, range(2))  # the store keeps working after the faults
+    assert store.exists(K, [key(0), key(1)]) == 2
+
+
+def test_failed_fdatasync_fails_the_batch(store, monkeypatch):
+    def bad_sync():
+        raise OSError(errno.EIO, "injected fdatasync failure")
+
+    monkeypatch.setattr(store.slab(K), "sync", bad_sync)
+    assert all(store.spill(K, [key(i) for i in range(4)], [page(i) for i in range(4)]))
+    assert store.flush(30)
+    assert store.exists(K, [key(0)]) == 0
+    assert store.stats()["write_errors"] == 4 and store.stats()["slots"]["target_kv"]["used"] == 0
+
+
+def test_stalled_disk_bounds_memory_and_drops_are_counted(tmp_path):
+    s = L3Store.open(cfg(tmp_path, queues={"staging_bytes": 4 * SLOT, "write_batch_pages": 2}),
+                     rank=0, namespace=NS, page_bytes={K: PB})
+    try:
+        gate = threading.Event()
+        entered = threading.Event()
+
+        def stalled(fd, data, offset):
+            entered.set()
+            gate.wait(30)
+            return os.pwrite(fd, data, offset)
+
+        s.slab(K).inject_write_fault(stalled)
+        acc = []
+        for i in range(40):
+            acc += s.spill(K, [key(i)], [page(i)])
+        assert entered.wait(10)
+        st = s.stats()
+        assert acc.count(True) <= 4 and acc.count(False) >= 36
+        assert st["dropped_staging"] == acc.count(False)
+        assert st["staging_allocated_bytes"] <= 4 * SLOT and st["staging_peak_bytes"] <= 4 * SLOT
+        gate.set()
+        s.slab(K).inject_write_fault(None)
+        assert s.flush(30)
+        accepted = [key(i) for i, a in enumerate(acc) if a]
+        assert s.exists(K, accepted) == len(accepted)
+    finally:
+        gate.set()
+        s.close()
+
+
+def test_pool_full_drops_and_counts_never_blocks(tmp_path):
+    # 4 slots, one write batch of 8 pages: the last 4 find every slot in flight (nothing committed that GC could
+    # reclaim), so they are dropped and counted; spill itself returned at once.
+    s = L3Store.open(cfg(tmp_path, slots=4, queues={"write_batch_pages": 8}), rank=0, namespace=NS,
+                     page_bytes={K: PB})
+    try:
+        assert all(s.spill(K, [key(i) for i in range(8)], [page(i) for i in range(8)]))
+        assert s.flush(30)
+        st = s.stats()
+        assert st["dropped_pool_full"] == 4 and st["spilled"] == 4
+        assert st["slots"]["target_kv"]["used"] == 4 - st["gc_reclaimed"]
+        # Later spills make room by reclaiming the coldest durable pages on the write path.
+        spill_durable(s, [10])
+        assert s.exists(K, [key(10)]) == 1
+    finally:
+        s.close()
+
+
+def test_index_map_full_is_a_counted_miss(tmp_path, monkeypatch):
+    s = L3Store.open(cfg(tmp_path), rank=0, namespace=NS, page_bytes={K: PB})
+    try:
+        monkeypatch.setattr(s.index, "commit_puts", lambda items: None)  # what L3Index returns on MapFullError
+        assert all(s.spill(K, [key(i) for i in range(3)], [page(i) for i in range(3)]))
+        assert s.flush(30)
+        st = s.stats()
+        assert st["index_full"] == 3 and st["spilled"] == 0 and st["slots"]["target_kv"]["used"] == 0
+        assert s.exists(K, [key(0)]) == 0
+    finally:
+        monkeypatch.undo()
+        s.close()
+
+
+def test_real_lmdb_map_full_through_the_store(tmp_path):
+    s = L3Store.open(cfg(tmp_path, slots=4000, index={"map_size": 2**20}),
+                     rank=0, namespace=NS, page_bytes={K: 4096 - HEADER_SIZE})
+    try:
+        n, full = 0, False
+        small = np.zeros(4096 - HEADER_SIZE, np.uint8)
+        while n < 20000 and not full:
+            ks = [key(i, "mf") for i in range(n, n + 256)]
+            s.spill(K, ks, [small] * 256)
+            assert s.flush(60)
+            n += 256
+            full = s.stats()["index_full"] > 0
+        assert full
+        st = s.stats()
+        assert st["slots"]["target_kv"]["used"] == st["spilled"] - st["gc_reclaimed"]
+    finally:
+        s.close()
+
+
+def _flip(path, offset, bit):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([b ^ (1 << bit)]))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@pytest.mark.slow
+def test_random_bit_flips_are_misses_never_wrong_bytes(store):
+    rng = np.random.default_rng(1234)
+    path = store.slab(K).path
+    dst = np.zeros(PB, np.uint8)
+    wrong = 0
+    trials = 400
+    for t in range(trials):
+        spill_durable(store, [t], salt="bf")
+        slot = store.index.get(store._ikey(K, bytes.fromhex(key(t, "bf")))).slot
+        off = int(rng.integers(0, HEADER_SIZE + PB))  # header or payload, never the unread pad
+        _flip(path, slot * SLOT + off, int(rng.integers(0, 8)))
+        ok = store.reload_into(K, [key(t, "bf")], [dst])
+        if ok[0]:
+            wrong += 1
+    assert wrong == 0
+    assert store.stats()["verify_failures"] == trials
+    assert store.flush(30)
+    # Failed verification reclaims the entry: the page is now a plain miss and its slot went back to the pool.
+    assert store.exists(K, [key(0, "bf")]) == 0
+
+
+def test_unusable_disk_path_is_a_clear_error_at_open(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"x")  # a file where a directory should be: fails even for root
+    with pytest.raises(L3StoreError, match=r"disks\[0\].path: cannot create slab directory"):
+        L3Store.open(L3Config.from_dict({"disks": [{"path": str(blocker / "d"), "budget": 10 * SLOT}],
+                                         "index": {"path": str(tmp_path / "i")}}),
+                     rank=0, namespace=NS, page_bytes={K: PB})
+
+
+def test_open_errors_are_clear(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    os.chmod(ro, 0o500)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as a user that ignores permissions")
+        with pytest.raises(L3StoreError, match=r"disks\[0\]"):
+            L3Store.open(L3Config.from_dict({"disks": [{"path": str(ro / "d"), "budget": 10 * SLOT}],
+                                             "index": {"path": str(tmp_path / "i")}}),
+                         rank=0, namespace=NS, page_bytes={K: PB})
+    finally:
+        os.chmod(ro, 0o700)
+
+
+def test_bad_open_arguments_are_loud(tmp_path):
+    c = cfg(tmp_path)
+    with pytest.raises(L3ConfigError, match="rank 3"):
+        L3Store.open(c, rank=3, namespace=NS, page_bytes={K: PB})
+    with pytest.raises(L3ConfigError, match="page_bytes"):
+        L3Store.open(c, rank=0, namespace=NS, page_bytes={"bogus": PB})
+    with pytest.raises(L3ConfigError, match="cold_start"):
+        L3Store.open(c, rank=0, namespace=NS, page_bytes={K: PB}, cold_start="warm")
+    with pytest.raises(L3ConfigError, match="budget"):
+        L3Store.open(cfg(tmp_path, slots=1), rank=0, namespace=NS, page_bytes={K: 10 * PB})
+
+
+def test_second_opener_of_the_same_rank_gets_a_clear_error(tmp_path, store):
+    with pytest.raises(L3StoreError, match="locked"):
+        L3Store.open(cfg(tmp_path), rank=0, namespace=NS, page_bytes={K: PB})
+
+
+def test_plp_required_refuses_an_unsafe_disk(tmp_path):
+    with pytest.raises(L3StoreError, match="power-loss"):
+        L3Store.open(cfg(tmp_path, require_plp=True, plp="assume_unsafe"), rank=0, namespace=NS,
+                     page_bytes={K: PB})
+    s = L3Store.open(cfg(tmp_path, require_plp=True, plp="assume_safe"), rank=0, namespace=NS, page_bytes={K: PB})
+    assert s.plp.safe is True
+    s.close()
+
+
+def test_slab_and_dirs_are_owner_only(tmp_path, store):
+    p = store.slab(K).path
+    assert oct(os.stat(p).st_mode & 0o777) == oct(0o600)
+    assert oct(os.stat(os.path.dirname(p)).st_mode & 0o777) == oct(0o700)
+
+
+def test_namespace_mismatch_is_a_miss(tmp_path):
+    s = L3Store.open(cfg(tmp_path), rank=0, namespace=NS, page_bytes={K: PB})
+    spill_durable(s, [1])
+    s.close()
+    other = Namespace("glm5", "fp8", "page_first", 64, 0, 78, "tp0")
+    s = L3Store.open(cfg(tmp_path, cold_start="load"), rank=0, namespace=other, page_bytes={K: PB})
+    try:
+        assert s.exists(K, [key(1)]) == 0
+        assert s.reload_into(K, [key(1)], [np.zeros(PB, np.uint8)]) == [False]
+    finally:
+        s.close()
