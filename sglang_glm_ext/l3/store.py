@@ -652,18 +652,31 @@ class L3Store:
         return ev.wait(timeout)
 
     def flush(self, timeout: float | None = 30.0) -> bool:
-        """Wait until everything spilled or freed before this call is durable (or dropped). True if done."""
+        """Wait until everything spilled or freed before this call is durable (or dropped), and the writer has
+        run GC back under its watermarks. For tests, benchmarks and shutdown. True if done in time."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            target, ctl_target = self._enq_seq, self._ctl_enq
-            while self._done_seq < target or self._ctl_done < ctl_target:
+
+        def wait_for(pred) -> bool:
+            while not pred():
                 if not self._writer.is_alive():
                     return False
                 rem = None if deadline is None else deadline - time.monotonic()
                 if rem is not None and rem <= 0:
                     return False
-                self._cond.wait(rem if rem is not None else 1.0)
-        return True
+                self._cond.wait(min(rem, 1.0) if rem is not None else 1.0)
+            return True
+
+        with self._cond:
+            target, ctl_target = self._enq_seq, self._ctl_enq
+            if not wait_for(lambda: self._done_seq >= target and self._ctl_done >= ctl_target):
+                return False
+            # Phase 2: a barrier through the control queue; the writer completes every inflight commit and
+            # finishes GC before acknowledging it.
+            self._ctl_enq += 1
+            barrier = self._ctl_enq
+            self._ctl.append(("barrier", None, None, None))
+            self._cond.notify_all()
+            return wait_for(lambda: self._ctl_done >= barrier)
 
     # ------------------------------------------------------------------ writer thread
     def _writer_main(self) -> None:
@@ -859,6 +872,12 @@ class L3Store:
             elif op == "clear":
                 self._do_clear()
                 b.set()
+            elif op == "barrier":
+                for _ in range(1_000_000):  # bounded rounds until every pool is back under its watermark
+                    if not any(st.gc_active for st in self._kinds.values()):
+                        break
+                    if not self._gc_round():
+                        break
             with self._cond:
                 self._ctl_done += 1
                 self._cond.notify_all()
@@ -930,17 +949,20 @@ class L3Store:
         self._touch_pending.clear()
 
     # ------------------------------------------------------------------ GC
-    def _gc_round(self) -> None:
+    def _gc_round(self) -> int:
+        """One bounded GC round per pool over its start watermark. Returns pages reclaimed."""
         cfg = self.config
+        n = 0
         for st in self._kinds.values():
             used = st.pool.used / st.num_slots
             if not st.gc_active and used >= cfg.gc_start:
                 st.gc_active = True
             if st.gc_active:
                 target = int(cfg.gc_stop * st.num_slots)
-                self._gc_reclaim(st, min(cfg.gc_budget_per_round, max(0, st.pool.used - target)))
+                n += self._gc_reclaim(st, min(cfg.gc_budget_per_round, max(0, st.pool.used - target)))
                 if st.pool.used <= target or not st.current:
                     st.gc_active = False
+        return n
 
     def _gc_reclaim(self, st: _KindState, budget: int) -> int:
         """Reclaim up to ``budget`` of the coldest pages. Index delete commits before any slot is freed."""
