@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import threading
 import time
 from typing import Iterable, Iterator, NamedTuple, Sequence
 
@@ -72,6 +73,13 @@ class IndexEntry(NamedTuple):
         return self.rank == other.rank and self.disk == other.disk and self.slot == other.slot
 
 
+# LMDB allows one Environment per file per process (a second open of the same path is an error, and closing
+# either would break the other). Several stores in one process (tests, tools, several ranks in one process)
+# therefore share one Environment per path, reference-counted.
+_ENVS: dict[str, list] = {}
+_ENVS_LOCK = threading.Lock()
+
+
 class L3Index:
     """LMDB environment + one named database. Thread-safe: read txns per call, write txns serialised by LMDB."""
 
@@ -80,7 +88,7 @@ class L3Index:
         self.path = path
         self.map_size = map_size
         self.readonly = readonly
-        self.db = env.open_db(_DB_NAME, create=not readonly) if not readonly else env.open_db(_DB_NAME, create=False)
+        self.db = env.open_db(_DB_NAME, create=not readonly)
         self.index_full = 0  # puts refused because the map is full (monotonic)
 
     @classmethod
@@ -88,23 +96,29 @@ class L3Index:
         """Open (creating 0700 / 0600 if needed) the index environment at ``path``. Errors are loud (OSError /
         lmdb.Error with the path): they happen at store open, never on the data path."""
         path = os.path.abspath(path)
-        if not readonly:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            os.chmod(path, 0o700)
-        try:
-            env = lmdb.open(
-                path, map_size=map_size, subdir=True, readonly=readonly, lock=True, max_dbs=4,
-                max_readers=max_readers, mode=0o600, readahead=False, meminit=False,
-                # sync + metasync: a committed entry survives power loss (given the disk honours flushes / PLP).
-                sync=True, metasync=True, create=not readonly,
-            )
-        except lmdb.Error as e:
-            raise OSError(f"L3 index: cannot open LMDB environment at {path!r}: {e}") from e
-        if not readonly:
-            for name in ("data.mdb", "lock.mdb"):
-                p = os.path.join(path, name)
-                if os.path.exists(p):
-                    os.chmod(p, 0o600)
+        with _ENVS_LOCK:
+            shared = _ENVS.get(path)
+            if shared is not None:
+                shared[1] += 1
+                return cls(shared[0], path, map_size, readonly)
+            if not readonly:
+                os.makedirs(path, mode=0o700, exist_ok=True)
+                os.chmod(path, 0o700)
+            try:
+                env = lmdb.open(
+                    path, map_size=map_size, subdir=True, readonly=readonly, lock=True, max_dbs=4,
+                    max_readers=max_readers, mode=0o600, readahead=False, meminit=False,
+                    # sync + metasync: a committed entry survives power loss (given the disk honours flushes / PLP).
+                    sync=True, metasync=True, create=not readonly,
+                )
+            except lmdb.Error as e:
+                raise OSError(f"L3 index: cannot open LMDB environment at {path!r}: {e}") from e
+            if not readonly:
+                for name in ("data.mdb", "lock.mdb"):
+                    p = os.path.join(path, name)
+                    if os.path.exists(p):
+                        os.chmod(p, 0o600)
+            _ENVS[path] = [env, 1]
         return cls(env, path, map_size, readonly)
 
     # ------------------------------------------------------------------ reads
@@ -266,7 +280,17 @@ class L3Index:
         return n
 
     def close(self) -> None:
-        try:
-            self.env.close()
-        except Exception:
-            pass
+        """Drop this handle; the Environment closes with its last handle in the process. Idempotent."""
+        if self.env is None:
+            return
+        with _ENVS_LOCK:
+            shared = _ENVS.get(self.path)
+            if shared is not None and shared[0] is self.env:
+                shared[1] -= 1
+                if shared[1] == 0:
+                    del _ENVS[self.path]
+                    try:
+                        self.env.close()
+                    except Exception:
+                        pass
+        self.env = None

@@ -1,0 +1,150 @@
+"""Cold start: clear (default) vs load; load rebuilds pools + GC LRU from this rank's own slab headers."""
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from sglang_glm_ext.l3.config import L3Config, L3ConfigError
+from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.index import IndexEntry, make_key
+from sglang_glm_ext.l3.store import L3Store
+
+PB = 8192 + 10
+SLOT = slot_bytes_for(PB)
+NS = Namespace("glm5", "bf16", "page_first", 64, 0, 78, "tp0")
+K = PayloadKind.TARGET_KV
+
+
+def key(i, salt="c"):
+    return hashlib.sha256(f"{salt}{i}".encode()).hexdigest()
+
+
+def page(i, salt="c"):
+    return np.frombuffer(hashlib.shake_256(f"{salt}{i}".encode()).digest(PB), np.uint8).copy()
+
+
+def cfg(tmp_path, slots=40, dep="dep", ranks=1, **over):
+    d = {"deployment_id": dep, "disks": [{"path": str(tmp_path / "disk"), "budget": slots * SLOT * ranks}],
+         "index": {"path": str(tmp_path / "index"), "map_size": 2**24}, "ranks": {"count": ranks},
+         "gc": {"start": 0.9, "stop": 0.5}}
+    d.update(over)
+    return L3Config.from_dict(d)
+
+
+def opened(tmp_path, mode, rank=0, **kw):
+    return L3Store.open(cfg(tmp_path, **kw), rank=rank, namespace=NS, page_bytes={K: PB}, cold_start=mode)
+
+
+def spill(s, idxs, salt="c"):
+    assert all(s.spill(K, [key(i, salt) for i in idxs], [page(i, salt) for i in idxs]))
+    assert s.flush(30)
+
+
+def reads_back(s, idxs, salt="c"):
+    dst = [np.zeros(PB, np.uint8) for _ in idxs]
+    ok = s.reload_into(K, [key(i, salt) for i in idxs], dst)
+    return all(ok) and all(np.array_equal(d, page(i, salt)) for d, i in zip(dst, idxs))
+
+
+def test_load_keeps_durable_pages_and_never_reuses_their_slots(tmp_path):
+    s = opened(tmp_path, "clear")
+    spill(s, range(10))
+    s.close()
+    s = opened(tmp_path, "load")
+    try:
+        assert s.loaded_pages == 10
+        assert s.stats()["slots"]["target_kv"]["used"] == 10
+        assert s.exists(K, [key(i) for i in range(10)]) == 10
+        spill(s, range(100, 125), salt="new")  # 35 / 40 used: below the start watermark, no GC
+        assert s.stats()["gc_reclaimed"] == 0
+        assert reads_back(s, range(10)) and reads_back(s, range(100, 125), salt="new")
+        slots = [e.slot for _, e in s.index.iter_rank(s.dep, 0, s.ns)]
+        assert len(slots) == len(set(slots)) == 35  # no two entries share a slot
+    finally:
+        s.close()
+
+
+def test_clear_is_the_default_and_starts_empty(tmp_path):
+    s = opened(tmp_path, None)
+    spill(s, range(5))
+    s.close()
+    s = opened(tmp_path, None)
+    try:
+        assert s.cold_start == "clear"
+        assert s.exists(K, [key(0)]) == 0 and s.stats()["slots"]["target_kv"]["used"] == 0
+    finally:
+        s.close()
+
+
+def test_clear_touches_only_this_deployment_and_rank(tmp_path):
+    r1 = opened(tmp_path, "clear", rank=1, ranks=2)
+    spill(r1, range(3), salt="r1")
+    other = L3Store.open(cfg(tmp_path, dep="other"), rank=0, namespace=NS, page_bytes={K: PB}, cold_start="clear")
+    spill(other, range(3), salt="o")
+    r0 = opened(tmp_path, "clear", rank=0, ranks=2)
+    spill(r0, range(3), salt="r0")
+    r0.close()
+    r0 = opened(tmp_path, "clear", rank=0, ranks=2)  # restart rank 0 with clear
+    try:
+        assert r0.exists(K, [key(0, "r0")]) == 0
+        assert r0.exists(K, [key(i, "r1") for i in range(3)]) == 3  # rank 1's pages, readable by rank 0
+        assert reads_back(r0, range(3), salt="r1")
+        assert other.exists(K, [key(i, "o") for i in range(3)]) == 3
+        assert r0.clear()  # runtime clear: same scope
+        assert r0.exists(K, [key(0, "r1")]) == 1
+    finally:
+        for s in (r0, r1, other):
+            s.close()
+
+
+def test_load_drops_entries_whose_slot_no_longer_holds_the_page(tmp_path):
+    s = opened(tmp_path, "clear")
+    spill(s, range(4))
+    # An entry the slab cannot back (a slot never written) and one beyond the slab: both must go at load.
+    dep, ns = s.dep, s.ns
+    s.index.put(make_key(dep, ns, K, bytes.fromhex(key(50))), IndexEntry(0, 0, 30, 1))
+    s.index.put(make_key(dep, ns, K, bytes.fromhex(key(51))), IndexEntry(0, 0, 10_000, 1))
+    s.close()
+    s = opened(tmp_path, "load")
+    try:
+        assert s.loaded_pages == 4 and s.stale_dropped == 2
+        assert s.exists(K, [key(50)]) == 0 and s.exists(K, [key(51)]) == 0
+        assert s.stats()["slots"]["target_kv"]["used"] == 4
+    finally:
+        s.close()
+
+
+def test_load_rebuilds_the_gc_lru_from_durable_last_access(tmp_path):
+    s = opened(tmp_path, "clear")
+    spill(s, range(10))
+    assert s.reload_into(K, [key(0)], [np.zeros(PB, np.uint8)]) == [True]  # page 0 is the hottest
+    s.close()  # close persists pending touches to the shared index
+    s = opened(tmp_path, "load", gc={"start": 0.9, "stop": 0.8})
+    try:
+        spill(s, range(10, 36), salt="n")  # 36 / 40 = 0.9 -> GC down to 32: 4 pages go
+        assert s.stats()["gc_reclaimed"] == 4
+        assert s.exists(K, [key(0)]) == 1  # survived: its touched last_access came back with `load`
+        # The 4 victims are carried-over cold pages (1..9), never the new ones nor the touched page 0.
+        assert s.exists(K, [key(i, "n") for i in range(10, 36)]) == 26
+        assert sum(s.exists(K, [key(i)]) for i in range(1, 10)) == 5
+    finally:
+        s.close()
+
+
+def test_unknown_mode_is_loud(tmp_path):
+    with pytest.raises(L3ConfigError, match="cold_start"):
+        opened(tmp_path, "warm")
+
+
+def test_load_under_a_new_namespace_drops_the_old_namespace_entries(tmp_path):
+    s = opened(tmp_path, "clear")
+    spill(s, range(3))
+    s.close()
+    other = Namespace("glm5", "fp8", "page_first", 64, 0, 78, "tp0")
+    s = L3Store.open(cfg(tmp_path), rank=0, namespace=other, page_bytes={K: PB}, cold_start="load")
+    try:
+        assert s.index.count() == 0  # the old namespace's entries pointed at slots this store now owns
+        assert s.stats()["slots"]["target_kv"]["used"] == 0
+    finally:
+        s.close()
