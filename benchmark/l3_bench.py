@@ -308,8 +308,8 @@ def render(results: list[dict], args) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The bench's options; `sglang-glm-ext l3 bench` adds the same ones to its subcommand."""
     ap.add_argument("--dir", default="/tmp/l3_bench", help="directory on the disk under test")
     ap.add_argument("--size-gb", type=float, default=2.0, help="data per page size (GB); >= 2 for the record")
     ap.add_argument("--page-bytes", type=int, nargs="+", default=[GLM5_PAGE, 2**20])
@@ -320,9 +320,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--staging-mb", type=int, default=256)
     ap.add_argument("--skip-hicachefile", action="store_true")
     ap.add_argument("--json", metavar="PATH", help="also write the raw results as JSON")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = add_arguments(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
     args = ap.parse_args(argv)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
-        ap.error("--repeats must be >= 1")
+        raise SystemExit("--repeats must be >= 1")
     os.makedirs(args.dir, exist_ok=True)
     results = [bench_page_size(p, args) for p in args.page_bytes]
     print(render(results, args))

@@ -31,18 +31,22 @@ def _fsck(args: argparse.Namespace) -> int:
     return run_args(args)
 
 
-def _bench(args: argparse.Namespace) -> int:
+def _load_bench():
     path = bench_path()
     if not os.path.exists(path):
-        print(f"l3 bench: {path} not found; run from a source checkout of sglang_glm_ext", file=sys.stderr)
-        return 2
+        return None
     spec = importlib.util.spec_from_file_location("l3_bench", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    rest = list(args.bench_args)
-    if rest and rest[0] == "--":
-        rest = rest[1:]
-    return int(mod.main(rest) or 0)
+    return mod
+
+
+def _bench(args: argparse.Namespace) -> int:
+    mod = _load_bench()
+    if mod is None:
+        print(f"l3 bench: {bench_path()} not found; run from a source checkout of sglang_glm_ext", file=sys.stderr)
+        return 2
+    return int(mod.run(args) or 0)
 
 
 def add_l3_subcommands(subparsers) -> argparse.ArgumentParser:
@@ -60,8 +64,12 @@ def add_l3_subcommands(subparsers) -> argparse.ArgumentParser:
     build_arg_parser(fs)
     fs.set_defaults(func=_fsck)
 
-    be = sub.add_parser("bench", help="run benchmark/l3_bench.py (arguments are passed through)",
-                        add_help=False)
-    be.add_argument("bench_args", nargs=argparse.REMAINDER)
+    be = sub.add_parser("bench", help="run benchmark/l3_bench.py (L3 vs raw O_DIRECT on one disk)")
+    try:
+        mod = _load_bench()
+    except Exception:  # a broken checkout must not take the rest of the CLI down
+        mod = None
+    if mod is not None:
+        mod.add_arguments(be)
     be.set_defaults(func=_bench)
     return l3

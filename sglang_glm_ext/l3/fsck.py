@@ -82,6 +82,13 @@ def _note(rep: FsckReport, msg: str, limit: int) -> None:
         rep.problems.append(msg)
 
 
+def _close(buf: AlignedBuffer) -> None:
+    try:
+        buf.close()
+    except BufferError:  # a payload view is still referenced; the mapping goes with the last reference
+        pass
+
+
 def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, max_problems: int = 50) -> FsckReport:
     """Scan every index entry of ``config.deployment_id`` and every slab of its ranks. See the module docstring."""
     rep = FsckReport(config.deployment_id, repair=repair)
@@ -128,8 +135,8 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                                                 or hdr.ns_digest != key[8:24]):
                             reason = "hash_mismatch"
                     else:
-                        _, reason = verify_blob_reason(buf.view, kind=kind, content_hash=key[25:57],
-                                                       ns_digest=key[8:24])
+                        reason = verify_blob_reason(buf.view, kind=kind, content_hash=key[25:57],
+                                                    ns_digest=key[8:24])[1]
                     if reason == "ok":
                         rep.live += 1
                     elif reason in _CORRUPT_REASONS:
@@ -145,7 +152,7 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                         _note(rep, f"{path} slot {e.slot}: index entry orphaned ({reason})", max_problems)
             finally:
                 rd.close()
-                buf.close()
+                _close(buf)
 
         # Slot pass: every slab of every configured rank, header only.
         hbuf = AlignedBuffer(BLOCK)
@@ -181,7 +188,7 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                     finally:
                         rd.close()
         finally:
-            hbuf.close()
+            _close(hbuf)
 
         if repair and to_drop:
             for i in range(0, len(to_drop), 4096):
