@@ -108,7 +108,7 @@ def l3_paths(config_path: str | None) -> tuple[list[dict[str, Any]], list[str]]:
         return [], [f"--cp-l3-config {config_path}: {exc}"]
     rows = []
     for disk in cfg.disks:
-        row = probe_path(disk.path, disk.budget_bytes)
+        row = probe_path(disk.path, disk.budget)
         rows.append(row)
         problems.extend(row.get("problems", []))
     return rows, problems

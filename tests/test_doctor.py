@@ -1,0 +1,72 @@
+"""`sglang-glm-ext doctor` reports the live state and exits non-zero when something enabled cannot work."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def doctor(*args, env=None):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    full_env.update(env or {})
+    proc = subprocess.run([sys.executable, "-m", "sglang_glm_ext.cli", "doctor", *args],
+                          capture_output=True, text=True, env=full_env, timeout=300)
+    return proc
+
+
+@pytest.fixture(scope="module")
+def report():
+    proc = doctor("--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_json_reports_supported_sglang_and_every_patch_applied(report):
+    from sglang_glm_ext.patches import PATCHES
+
+    assert report["schema"] == 1 and report["ok"] is True and report["problems"] == []
+    assert report["sglang"] == {"installed": "0.5.23", "supported": True, "supported_versions": ["0.5.23"],
+                                "forced": False}
+    assert report["plugin"]["entry_point"] is True and report["plugin"]["loaded_via"] == "load_plugins()"
+    assert [p["id"] for p in report["patches"]] == [p.id for p in PATCHES]
+    assert {p["state"] for p in report["patches"]} == {"applied"}
+
+
+def test_json_schema_keys_are_stable(report):
+    assert set(report) == {"schema", "ok", "problems", "plugin", "sglang", "versions", "patches", "features",
+                           "hardware"}
+    assert set(report["hardware"]) == {"cuda_available", "gpus", "fp4_megamoe", "hugepages", "l3_paths"}
+    for f in report["features"]:
+        assert set(f) == {"name", "title", "active", "available", "why_unavailable"}
+    assert report["hardware"]["fp4_megamoe"]["possible"] is False  # no GPU here: the reason says so
+    assert report["hardware"]["fp4_megamoe"]["why"]
+
+
+def test_applied_and_active_are_reported_separately(report):
+    cg = next(f for f in report["features"] if f["name"] == "cg_mem")
+    assert cg["active"] is False  # applied (its patches are in) but nobody switched it on
+
+
+def test_enabled_feature_that_cannot_work_exits_nonzero(tmp_path):
+    l3cfg = pytest.importorskip("sglang_glm_ext.l3.config")
+    cfg = tmp_path / "l3.toml"
+    cfg.write_text(l3cfg.example_config(str(tmp_path / "disk")))
+    proc = doctor("--json", "--enable-cp-l3", "--cp-l3-config", str(cfg))
+    assert proc.returncode == 1
+    rep = json.loads(proc.stdout)
+    assert any("feature l3 is enabled but cannot work" in p for p in rep["problems"])
+    assert rep["hardware"]["l3_paths"] and rep["hardware"]["l3_paths"][0]["o_direct"] in (True, False, None)
+
+
+def test_kill_switch_shows_disabled_plugin():
+    proc = doctor("--json", env={"SGLANG_GLM_EXT_DISABLE": "1"})
+    rep = json.loads(proc.stdout)
+    assert rep["plugin"]["disabled"] is True and rep["patches"] == []
+
+
+def test_text_output_lists_patches():
+    proc = doctor()
+    assert proc.returncode == 0
+    assert "[applied] flags.cli_group" in proc.stdout
