@@ -1,0 +1,14 @@
+"""Shared set-up for the regression suite (one module per fork fix that SGLang 0.5.23 already carries).
+
+The suite's modules import `regression_mutants` (the broken-variant builder) as a plain module; pytest runs with
+--import-mode=importlib, which puts no test directory on sys.path, so this conftest adds its own folder.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
