@@ -47,7 +47,7 @@ LOG_CG_BUFFERS = EnvVar(
 )
 CP_L3_COLD_START = EnvVar(
     "SGLANG_CP_L3_COLD_START", "", "l3",
-    "Overrides the L3 config's cold_start (clear | load) for this launch.",
+    "Overrides the L3 config's cold_start ('clear' or 'load') for this launch.",
 )
 HOST_REGISTER_MAX_GB = EnvVar(
     "SGLANG_GLM_EXT_HOST_REGISTER_MAX_GB", "480", "host_register",
