@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "flags":
         from .docs import flags_table
 
-        print(flags_table())
+        sys.stdout.write(flags_table())
         return 0
     if args.command == "manifest":
         from .patching.manifest import render
