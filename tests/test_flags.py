@@ -109,3 +109,23 @@ def test_enable_cp_l3_with_valid_config_is_refused_until_wired(tmp_path):
     path.write_text(l3cfg.example_config(str(tmp_path / "disk")))
     with pytest.raises(SystemExit, match="cannot work"):
         parse(["--model-path", "dummy", "--enable-cp-l3", "--cp-l3-config", str(path)])
+
+
+def test_scheduler_process_reads_flags_from_the_published_record():
+    # Scheduler subprocesses get the record pickled and published; features read flags.get() with no argument.
+    import multiprocessing as mp
+
+    sa = parse(["--model-path", "dummy", "--log-cuda-graph-buffers"])
+    ctx = mp.get_context("spawn")  # SGLang starts schedulers with spawn: nothing is inherited but the pickle
+    with ctx.Pool(1) as pool:
+        got = pool.apply(_child_reads_flags, (sa,))
+    assert got["log_cuda_graph_buffers"] is True
+
+
+def _child_reads_flags(server_args):
+    from sglang.srt.server_args import set_global_server_args_for_scheduler
+
+    from sglang_glm_ext import flags as child_flags
+
+    set_global_server_args_for_scheduler(server_args)
+    return child_flags.get()
