@@ -143,7 +143,7 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
     values.update({k: v for k, v in (flag_values or {}).items() if v not in (None, False)})
     feats = []
     for f in features.FEATURES:
-        active = _active(f.name, values)
+        active = features.active_in(f.name, values)
         why = features.why_unavailable(f.name) if not plugin.is_disabled() else "plugin disabled"
         feats.append({"name": f.name, "title": f.title, "active": active, "available": not why,
                       "why_unavailable": why})
@@ -170,14 +170,6 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
                      "hugepages": hugepages(), "l3_paths": l3_rows},
     }
     return report
-
-
-def _active(name: str, values: dict[str, Any]) -> bool:
-    if name == "l3":
-        return bool(values.get("enable_cp_l3"))
-    if name == "cg_mem":
-        return bool(values.get("log_cuda_graph_buffers"))
-    return True
 
 
 def render_text(report: dict[str, Any]) -> str:

@@ -18,10 +18,12 @@ class Feature:
     env: tuple[str, ...] = ()
     # Set when this build cannot serve the feature at all, whatever the patches say.
     unavailable: str = ""
+    # Infrastructure and safety checks run whenever the plugin does; a user cannot switch them off.
+    always_on: bool = False
 
 
 FEATURES: tuple[Feature, ...] = (
-    Feature("flags", "plugin flags on SGLang's CLI, Engine(...) and --config YAML", "-"),
+    Feature("flags", "plugin flags on SGLang's CLI, Engine(...) and --config YAML", "-", always_on=True),
     Feature(
         "l3", "durable L3 disk tier for HiCache (engine, fsck, bench)",
         "231-250, 367-392, 426-457, 476-521",
@@ -35,7 +37,7 @@ FEATURES: tuple[Feature, ...] = (
     Feature("cg_mem", "CUDA-graph static-buffer and graph-pool memory attribution", "152-162",
             flags=("log_cuda_graph_buffers",), env=("SGLANG_LOG_CG_BUFFERS",)),
     Feature("host_register", "cudaHostRegister ceiling check for host KV pools", "297-321",
-            env=("SGLANG_GLM_EXT_HOST_REGISTER_MAX_GB",)),
+            env=("SGLANG_GLM_EXT_HOST_REGISTER_MAX_GB",), always_on=True),
 )
 FEATURE_BY_NAME = {f.name: f for f in FEATURES}
 
@@ -68,11 +70,15 @@ def is_active(name: str, server_args=None) -> bool:
     """Whether the user switched `name` on for this launch (flags or env vars)."""
     from . import flags
 
-    values = flags.get(server_args)
+    return active_in(name, flags.get(server_args))
+
+
+def active_in(name: str, values: dict) -> bool:
+    """Whether `name` is on given resolved flag values (flags.get() folds the env vars in)."""
     if name == "l3":
         return bool(values.get("enable_cp_l3"))
     if name == "cg_mem":
         return bool(values.get("log_cuda_graph_buffers"))
-    if name in ("flags", "host_register"):
-        return True  # infrastructure / a safety check: always on while the plugin is
+    if FEATURE_BY_NAME[name].always_on:
+        return True
     raise KeyError(name)

@@ -94,6 +94,26 @@ def validate(values: dict[str, Any]) -> dict[str, Any]:
         raise PluginFlagError("--cp-l3-config was given without --enable-cp-l3; add --enable-cp-l3 or drop it")
     if out["enable_cp_l3"]:
         _validate_l3(out["cp_l3_config"])
+    _require_active_features_available(out)
+    return out
+
+
+def _require_active_features_available(values: dict[str, Any]) -> None:
+    """A feature switched on (by flag or env var) whose patches did not land refuses the launch, loudly."""
+    from . import features
+
+    resolved = fold_env(values)
+    for feature in features.FEATURES:
+        if not feature.always_on and features.active_in(feature.name, resolved):
+            features.require_available(feature.name)
+
+
+def fold_env(values: dict[str, Any]) -> dict[str, Any]:
+    """An env var switches a boolean feature on without its flag."""
+    out = dict(values)
+    for flag in FLAGS:
+        if flag.env is not None and flag.kind == "bool" and not out.get(flag.name) and flag.env.get_bool():
+            out[flag.name] = True
     return out
 
 
@@ -110,9 +130,6 @@ def _validate_l3(path: str | None) -> None:
         L3Config.load(path)
     except Exception as exc:
         raise PluginFlagError(f"--cp-l3-config {path!r}: {exc}") from exc
-    from . import features
-
-    features.require_available("l3")
 
 
 def attach(server_args: Any, values: dict[str, Any]) -> None:
@@ -128,11 +145,7 @@ def get(server_args: Any = None) -> dict[str, Any]:
             server_args = get_server_args()
         except Exception:
             server_args = None
-    values = dict(getattr(server_args, ATTR, None) or {f.name: f.default for f in FLAGS})
-    for flag in FLAGS:  # an env var switches a boolean feature on without a flag
-        if flag.env is not None and flag.kind == "bool" and not values.get(flag.name) and flag.env.get_bool():
-            values[flag.name] = True
-    return values
+    return fold_env(getattr(server_args, ATTR, None) or {f.name: f.default for f in FLAGS})
 
 
 # ---- hooks (declared in sglang_glm_ext/patches.py) ----

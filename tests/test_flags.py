@@ -129,3 +129,20 @@ def _child_reads_flags(server_args):
 
     set_global_server_args_for_scheduler(server_args)
     return child_flags.get()
+
+
+def test_switched_on_feature_whose_patch_failed_refuses_the_launch(monkeypatch):
+    import sglang_glm_ext as plugin
+    from sglang_glm_ext.patching.ledger import State
+
+    led = plugin.ledger_state()
+    cg = [s for s in led.status.values() if s.patch.feature == "cg_mem"]
+    if not cg:
+        pytest.skip("no cg_mem patch declared yet")
+    monkeypatch.setattr(cg[0], "state", State.FAILED)
+    monkeypatch.setattr(cg[0], "detail", "target moved")
+    with pytest.raises(SystemExit, match="feature 'cg_mem' cannot work: patch .* failed: target moved"):
+        parse(["--model-path", "dummy", "--log-cuda-graph-buffers"])
+    monkeypatch.setenv("SGLANG_LOG_CG_BUFFERS", "1")  # the env-var route is refused the same way
+    with pytest.raises(SystemExit, match="feature 'cg_mem' cannot work"):
+        parse(["--model-path", "dummy"])
