@@ -11,7 +11,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 VPY="$VENV/bin/python"
-pip_i() { "$VPY" -m pip install --disable-pip-version-check -q "$@"; }
+# This machine's pip config lists local indexes that lack most names; pip warns once per name. Drop that noise.
+pip_i() { "$VPY" -m pip install --disable-pip-version-check -q "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
 
 # 1. torch first, pinned to the pair SGLang 0.5.23 was built against (torchvision is imported by sglang at load).
 "$VPY" -c "import torch, torchvision; assert torch.__version__.startswith('2.14.1')" 2>/dev/null \
