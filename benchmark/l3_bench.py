@@ -212,7 +212,7 @@ def bench_page_size(page: int, args) -> dict:
     os.makedirs(root, mode=0o700)
     rng = np.random.default_rng(page)
     src = [rng.integers(0, 256, page, dtype=np.uint8) for _ in range(16)]
-    dst = np.empty((32, page), dtype=np.uint8)
+    dst = np.empty((BATCH, page), dtype=np.uint8)  # reload in SGLang-sized calls (128 pages)
     keys = _keys(n, f"bench{page}")
     total = n * page
     res = {"page_bytes": page, "slot_bytes": slot, "pages": n, "bytes": total}
