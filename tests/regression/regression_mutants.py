@@ -77,17 +77,23 @@ class DropConjunct(ast.NodeTransformer):
 
 
 class DropStatements(ast.NodeTransformer):
-    """Remove every statement (outside nested defs' headers) whose source contains `needle`."""
+    """Remove every simple statement whose source contains `needle` (or, with exact=True, is exactly `needle`)."""
 
-    def __init__(self, needle: str, only: Callable[[ast.stmt], bool] = lambda s: True):
-        self.needle, self.only = needle, only
+    def __init__(self, needle: str, only: Callable[[ast.stmt], bool] = lambda s: True, exact: bool = False):
+        self.needle, self.only, self.exact = needle, only, exact
+
+    def _matches(self, stmt) -> bool:
+        return ast.unparse(stmt).strip() == self.needle if self.exact else _mentions(stmt, self.needle)
 
     def _filter(self, body):
         out = []
         for stmt in body:
-            if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and self.only(stmt) and _mentions(
-                stmt, self.needle
-            ) and not _is_compound(stmt):
+            if (
+                not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and not _is_compound(stmt)
+                and self.only(stmt)
+                and self._matches(stmt)
+            ):
                 self.applied = True
                 continue
             out.append(stmt)
@@ -183,4 +189,17 @@ class UnwrapMethodCall(ast.NodeTransformer):
         ):
             self.applied = True
             return node.func.value
+        return node
+
+
+class DropFinally(ast.NodeTransformer):
+    """Empty every `finally:` block (a cleanup that no longer runs)."""
+
+    def visit_Try(self, node: ast.Try):
+        self.generic_visit(node)
+        if node.finalbody:
+            node.finalbody = []
+            self.applied = True
+            if not node.handlers:  # `try:` needs an except or finally; keep the body's behaviour
+                return node.body
         return node
