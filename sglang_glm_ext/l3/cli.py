@@ -3,17 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
-import sys
 
-__all__ = ["add_l3_subcommands", "bench_path"]
-
-
-def bench_path() -> str:
-    """benchmark/l3_bench.py of a source checkout (the benchmark is not part of the installed package)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return os.path.normpath(os.path.join(here, "..", "..", "benchmark", "l3_bench.py"))
+__all__ = ["add_l3_subcommands"]
 
 
 def _example_config(args: argparse.Namespace) -> int:
@@ -31,22 +22,10 @@ def _fsck(args: argparse.Namespace) -> int:
     return run_args(args)
 
 
-def _load_bench():
-    path = bench_path()
-    if not os.path.exists(path):
-        return None
-    spec = importlib.util.spec_from_file_location("l3_bench", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _bench(args: argparse.Namespace) -> int:
-    mod = _load_bench()
-    if mod is None:
-        print(f"l3 bench: {bench_path()} not found; run from a source checkout of sglang_glm_ext", file=sys.stderr)
-        return 2
-    return int(mod.run(args) or 0)
+    from .bench import run
+
+    return int(run(args) or 0)
 
 
 def add_l3_subcommands(subparsers) -> argparse.ArgumentParser:
@@ -64,12 +43,9 @@ def add_l3_subcommands(subparsers) -> argparse.ArgumentParser:
     build_arg_parser(fs)
     fs.set_defaults(func=_fsck)
 
-    be = sub.add_parser("bench", help="run benchmark/l3_bench.py (L3 vs raw O_DIRECT on one disk)")
-    try:
-        mod = _load_bench()
-    except Exception:  # a broken checkout must not take the rest of the CLI down
-        mod = None
-    if mod is not None:
-        mod.add_arguments(be)
+    be = sub.add_parser("bench", help="L3 spill/reload/exists vs raw O_DIRECT on one disk, printed as ratios")
+    from .bench import add_arguments
+
+    add_arguments(be)
     be.set_defaults(func=_bench)
     return l3

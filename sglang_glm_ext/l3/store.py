@@ -39,6 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from .. import envs
 from .aligned import AlignedBuffer, is_aligned
 from .config import L3Config, L3ConfigError
 from .format import (
@@ -244,7 +245,8 @@ class L3Store:
         config.check_rank(rank)
         if not isinstance(namespace, Namespace):
             raise L3ConfigError(f"namespace: expected format.Namespace, got {type(namespace).__name__}")
-        mode = cold_start or config.cold_start
+        # Precedence: the caller's override, then SGLANG_CP_L3_COLD_START (one launch), then the config file.
+        mode = cold_start or envs.CP_L3_COLD_START.raw() or config.cold_start
         if mode not in ("clear", "load"):
             raise L3ConfigError(f"cold_start: unknown mode {mode!r} (expected 'clear' or 'load')")
         kinds: dict[PayloadKind, int] = {}

@@ -148,3 +148,18 @@ def test_load_under_a_new_namespace_drops_the_old_namespace_entries(tmp_path):
         assert s.stats()["slots"]["target_kv"]["used"] == 0
     finally:
         s.close()
+
+
+def test_env_var_overrides_the_config_mode_for_one_launch(tmp_path, monkeypatch):
+    s = opened(tmp_path, "clear")
+    spill(s, range(5))
+    s.close()
+    monkeypatch.setenv("SGLANG_CP_L3_COLD_START", "load")
+    s = opened(tmp_path, None)  # config says clear (the default); the env var says load
+    try:
+        assert s.cold_start == "load" and s.exists(K, [key(i) for i in range(5)]) == 5
+    finally:
+        s.close()
+    monkeypatch.setenv("SGLANG_CP_L3_COLD_START", "reload")
+    with pytest.raises(L3ConfigError, match="unknown mode 'reload'"):
+        opened(tmp_path, None)
