@@ -1,0 +1,47 @@
+"""Marker scheme: `pytest` on a CPU machine runs everything CPU-able; `pytest -m gpu` on a GPU node runs the rest.
+
+A test marked `@pytest.mark.gpu(reason="...")` says in its reason what it proves. It runs only where a CUDA GPU is
+visible to torch AND SGLang imports; elsewhere it is skipped with that reason plus why it could not run here, so the
+skip list in `pytest -ra` doubles as the list of what this machine did not prove. `slow` needs no gate (deselect it
+with `-m "not slow"`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import pytest
+
+
+@functools.lru_cache(maxsize=1)
+def _why_no_gpu() -> str:
+    """'' when GPU tests can run here, else the reason they cannot (checked once per session)."""
+    if importlib.util.find_spec("sglang") is None:
+        return "SGLang is not installed"
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001 - any import failure means "cannot run here"
+        return f"torch does not import ({exc})"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU visible to torch"
+    try:
+        import sglang.srt  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        return f"sglang.srt does not import ({type(exc).__name__}: {exc})"
+    return ""
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu_items:
+        return
+    why = _why_no_gpu()
+    if not why:
+        return
+    for item in gpu_items:
+        marker = item.get_closest_marker("gpu")
+        proves = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "")
+        if not proves:
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.gpu needs reason=... saying what the test proves")
+        item.add_marker(pytest.mark.skip(reason=f"GPU test skipped ({why}): {proves}"))
