@@ -42,6 +42,6 @@ def pytest_collection_modifyitems(config, items):
     for item in gpu_items:
         marker = item.get_closest_marker("gpu")
         proves = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "")
-        if not proves:
-            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.gpu needs reason=... saying what the test proves")
+        # A marker without a reason still skips (never break collection), but says it should carry one.
+        proves = proves or "(this @pytest.mark.gpu gives no reason= saying what it proves)"
         item.add_marker(pytest.mark.skip(reason=f"GPU test skipped ({why}): {proves}"))

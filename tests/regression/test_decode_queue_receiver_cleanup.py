@@ -12,6 +12,7 @@ Builds the installed queues with __new__ and fakes, the way upstream's test_deco
 
 from __future__ import annotations
 
+import ast
 from types import SimpleNamespace
 from unittest.mock import MagicMock
 
@@ -169,7 +170,7 @@ def test_check_detects_prealloc_abort_keeping_receiver(monkeypatch):
 def test_check_detects_transfer_failure_keeping_receiver(monkeypatch):
     # Only the failure path's clear (the `else` of the deferred-release hold) is removed.
     broken = rm.mutant(DecodeTransferQueue, "pop_transferred", rm.DropStatements(
-        "decode_req.kv_receiver", only=lambda s: "clear" in ast_src(s) or "= None" in ast_src(s)))
+        "decode_req.kv_receiver", only=lambda s: "clear" in ast.unparse(s) or "= None" in ast.unparse(s)))
     monkeypatch.setattr(DecodeTransferQueue, "pop_transferred", broken)
     with pytest.raises(AssertionError):
         check_transfer_failure_clears_receiver(monkeypatch)
@@ -181,8 +182,3 @@ def test_check_detects_idle_ignoring_retracted(monkeypatch):
     with pytest.raises(AssertionError):
         check_idle_counts_retracted()
 
-
-def ast_src(stmt) -> str:
-    import ast
-
-    return ast.unparse(stmt)

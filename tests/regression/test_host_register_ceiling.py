@@ -21,12 +21,19 @@ import torch
 import sglang.srt.mem_cache.pool_host.common as common
 from sglang_glm_ext.hostmem.plan import GIB, HostRegisterPlanError, page_first_unit
 from sglang_glm_ext.patches import PATCHES
-from sglang_glm_ext.patching.ledger import State, apply_one
+from sglang_glm_ext.patching.ledger import State, apply_one, resolve_original
 
 CEILING = 480 * GIB  # the plugin default (envs.HOST_REGISTER_MAX_GB)
 # A GLM-5-like MLA host pool: 78 layers, 64-token pages, 656 bf16 elements per token and layer.
 LAYERS, PAGE, TOKEN_BYTES = 78, 64, 656 * 2
 PF_UNIT = page_first_unit(PAGE, LAYERS, TOKEN_BYTES)
+
+
+@pytest.fixture(autouse=True)
+def _stock_register(monkeypatch):
+    # Start every test from SGLang's own function: register() elsewhere in the session may have wrapped it.
+    monkeypatch.setattr(common, "_cuda_host_register",
+                        resolve_original("sglang.srt.mem_cache.pool_host.common._cuda_host_register"))
 
 
 class _FakeBuffer:
@@ -110,7 +117,6 @@ def test_layer_first_is_one_registration_in_0523(monkeypatch):
 
 def _apply_plugin_patch(monkeypatch):
     (patch,) = [p for p in PATCHES if p.id == "host_register.ceiling"]
-    monkeypatch.setattr(common, "_cuda_host_register", common._cuda_host_register)  # restored at teardown
     from sglang.srt.plugins.hook_registry import HookSource
 
     status = apply_one(patch, HookSource(plugin_name="glm_ext", dist_name="sglang-glm-ext"))
