@@ -428,6 +428,7 @@ class L3Store:
     def _spill(self, kind, keys, pages, layout, page_indices) -> list[bool]:
         n = len(keys)
         out = [False] * n
+        queued = 0
         try:
             kind = PayloadKind.parse(kind)
             st = self._kinds[kind]
@@ -491,12 +492,20 @@ class L3Store:
                     item = _Staged(self._enq_seq, kind, chashes[i], ikeys[i], buf)
                     self._staged[(kind, chashes[i])] = item
                     self._queue.append(item)
-                    self._cond.notify()
+                    queued += 1
+                    # Wake the writer once a batch is full or at the end of this call, not per page: a
+                    # per-page wake-up hands it partial batches (one fdatasync + commit each) under CPU load.
+                    if len(self._queue) >= self.config.write_batch_pages:
+                        self._cond.notify()
                 out[i] = True
             self.c.spill_accepted += sum(out)
         except Exception:
             log.exception("L3 spill failed; pages dropped")
             self.c.data_path_errors += 1
+        finally:
+            if queued:  # also after a failure part-way: what was queued must not wait for the next call
+                with self._cond:
+                    self._cond.notify()
         return out
 
     # ------------------------------------------------------------------ exists
