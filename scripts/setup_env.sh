@@ -12,7 +12,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 VPY="$VENV/bin/python"
 # This machine's pip config lists local indexes that lack most names; pip warns once per name. Drop that noise.
-pip_i() { "$VPY" -m pip install --disable-pip-version-check -q "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
+pip_i() { "$VPY" -m pip install --disable-pip-version-check --no-warn-conflicts -q "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
 
 # 1. torch first, pinned to the pair SGLang 0.5.23 was built against (torchvision is imported by sglang at load).
 "$VPY" -c "import torch, torchvision; assert torch.__version__.startswith('2.14.1')" 2>/dev/null \
@@ -21,6 +21,7 @@ pip_i() { "$VPY" -m pip install --disable-pip-version-check -q "$@" 2>&1 | { gre
 "$VPY" -c "import importlib.metadata as m; assert m.version('sglang')=='0.5.23'" 2>/dev/null \
   || pip_i --no-deps "sglang==0.5.23"
 # 3. The pure-Python dependencies of the SGLang modules we import, then this package with its test extra.
+#    (--no-warn-conflicts: sglang is installed without its CUDA-only requirements on purpose.)
 pip_i -r requirements/sglang-cpu-deps.txt
 pip_i -e ".[test]"
 "$VPY" -m sglang_glm_ext.cli doctor --brief || true
