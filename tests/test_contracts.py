@@ -75,3 +75,15 @@ def test_contract_fails_when_source_drifts(monkeypatch, tmp_path):
     load("return 2")  # same signature, different code
     (problem,) = contract.check(_patch_for(("self",), sha))
     assert "source of glm_ext_fake_target.Runner.capture changed" in problem
+
+
+def test_hook_registry_private_api_the_ledger_relies_on():
+    # The ledger applies our hooks with HookRegistry._apply_target (keeps classmethod/staticmethod, propagates
+    # stale `from X import Y` bindings). It is private: pin its shape so an SGLang upgrade names it if it moves.
+    import inspect
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
+
+    assert list(inspect.signature(HookRegistry._apply_target).parameters) == ["target", "hooks"]
+    assert {t.value for t in HookType} >= {"before", "after", "around", "replace"}
+    assert HookSource._fields == ("plugin_name", "dist_name")
