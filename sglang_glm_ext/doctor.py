@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 import platform
 import sys
 from typing import Any
@@ -42,7 +41,13 @@ def _load_plugin() -> str:
         from sglang.srt.plugins import load_plugins
     except Exception as exc:  # sglang missing or broken: register() cannot patch anything either
         return f"sglang.srt.plugins not importable: {exc}"
-    load_plugins()
+    # doctor's own argv carries the flags being checked (`doctor --enable-cp-l3 ...`); on an unsupported SGLang
+    # register() would treat them as a launch asking for a feature and exit, and doctor must report instead.
+    saved_argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        load_plugins()
+    finally:
+        sys.argv = saved_argv
     if plugin.ledger_state() is None and not plugin.is_disabled():
         plugin.register()  # not installed as a distribution (source checkout): still show the patches
         return "register() called directly (entry point not installed)"
@@ -218,6 +223,3 @@ def main(args) -> int:
         print(render_text(report))
     return 0 if report["ok"] else 1
 
-
-if __name__ == "__main__":  # pragma: no cover
-    os.sys.exit(main(None))

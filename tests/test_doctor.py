@@ -70,3 +70,19 @@ def test_text_output_lists_patches():
     proc = doctor()
     assert proc.returncode == 0
     assert "[applied] flags.cli_group" in proc.stdout
+
+
+def test_unsupported_sglang_is_reported_not_exited_even_with_feature_flags():
+    # doctor's argv holds the flags it checks; on an unsupported SGLang it must still print its report.
+    code = (
+        "import sys, sglang_glm_ext.compat as c; c.installed_sglang_version = lambda: '0.5.99';"
+        "from sglang_glm_ext.cli import main; sys.argv = ['sglang-glm-ext', 'doctor', '--json', "
+        "'--log-cuda-graph-buffers']; sys.exit(main(sys.argv[1:]))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    rep = json.loads(proc.stdout)
+    assert rep["sglang"]["installed"] == "0.5.99" and rep["sglang"]["supported"] is False
+    assert any("0.5.99" in p and "0.5.23" in p for p in rep["problems"])
+    assert {p["state"] for p in rep["patches"] if p["tier"] == "feature"} == {"skipped"}
