@@ -81,6 +81,35 @@ def read_slab_meta(path: str) -> dict | None:
         return None
 
 
+def _page_view(obj, *, writable: bool) -> np.ndarray:
+    """A flat uint8 array over ``obj``'s OWN memory, in memory order; ValueError/TypeError for anything else.
+
+    A page is a buffer's bytes in memory order. Only a C-contiguous buffer has its memory order equal to its
+    logical order, so only such a buffer qualifies, on spill and on reload alike: for a Fortran-ordered or strided
+    array numpy's ``reshape(-1)`` returns a copy, and a reload written into that copy would be acknowledged while
+    the caller's array stays untouched (issue 7, item 1).
+    """
+    if isinstance(obj, AlignedBuffer):
+        obj = obj.view
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.c_contiguous:
+            raise ValueError("array is not C-contiguous (Fortran order or a strided slice)")
+        if writable and not obj.flags.writeable:
+            raise ValueError("array is read-only")
+        flat = obj.reshape(-1).view(np.uint8)
+    else:
+        mv = memoryview(obj)
+        if not mv.c_contiguous:
+            raise ValueError("buffer is not C-contiguous")
+        if writable and mv.readonly:
+            raise ValueError("buffer is read-only")
+        flat = np.frombuffer(mv, dtype=np.uint8) if mv.ndim == 1 and mv.format == "B" else \
+            np.frombuffer(mv.cast("B"), dtype=np.uint8)
+    if writable and not flat.flags.writeable:
+        raise ValueError("buffer is read-only")
+    return flat
+
+
 def _write_meta(path: str, meta: dict) -> None:
     tmp = path + ".meta.json.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -203,6 +232,7 @@ class _Counters:
     index_full: int = 0
     reload_hits: int = 0
     reload_misses: int = 0
+    reload_bad_dst: int = 0   # destinations that cannot take the page in place (too small, strided, read-only)
     verify_failures: int = 0
     gc_reclaimed: int = 0
     freed: int = 0
@@ -270,6 +300,7 @@ class L3Store:
         self.cold_start = mode
         self.c = _Counters()
         self._closed = False
+        self._warned: set[str] = set()
         self._kinds: dict[PayloadKind, _KindState] = {}
         self._readers: dict[tuple[int, int, PayloadKind], ReadOnlySlab | None] = {}
         self._readers_lock = threading.Lock()
@@ -418,6 +449,7 @@ class L3Store:
     def spill(self, kind, keys: Sequence, pages: Sequence) -> list[bool]:
         """Copy each page into staging and queue it; return at once. Per page: True if accepted (durable soon,
         or already durable / staged: dedup), False if dropped (staging full, max inflight, bad input: counted).
+        A page is a C-contiguous buffer of exactly page_bytes, taken in memory order; anything else is bad input.
         The caller may reuse or unpin its page buffers as soon as this returns."""
         return self._spill(kind, keys, pages, None, None)
 
@@ -468,8 +500,7 @@ class L3Store:
                 try:
                     dst = np.frombuffer(buf.view, dtype=np.uint8)
                     if layout is None:
-                        src = np.frombuffer(pages[i], dtype=np.uint8) if not isinstance(pages[i], np.ndarray) \
-                            else pages[i].reshape(-1).view(np.uint8)
+                        src = _page_view(pages[i], writable=False)
                         if src.nbytes != pb:
                             raise ValueError(f"page {i} has {src.nbytes} B, expected {pb}")
                         np.copyto(dst[HEADER_SIZE:HEADER_SIZE + pb], src)
@@ -527,8 +558,11 @@ class L3Store:
 
     # ------------------------------------------------------------------ reload
     def reload_into(self, kind, keys: Sequence, dsts: Sequence) -> list[bool]:
-        """Read each page into ``dsts[i]`` (a writable buffer of at least page_bytes). True only if the blob's
-        header and payload checksum verified; on False the destination's contents are unspecified."""
+        """Read each page into ``dsts[i]``: a writable, C-contiguous buffer of at least page_bytes (the page lands
+        in its first page_bytes, in memory order). True only if the blob verified AND its bytes are now in the
+        caller's buffer. A destination that cannot take the page in place (strided, Fortran-ordered, read-only,
+        too small) is a miss counted in ``reload_bad_dst`` and is left untouched; on any other False the
+        destination's contents are unspecified."""
         return self._reload(kind, keys, dsts, None, None)
 
     def reload_into_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int]) -> list[bool]:
@@ -561,6 +595,15 @@ class L3Store:
             return self._readers[key]
 
     def _reload_one(self, st: _KindState, chash: bytes, e: IndexEntry, dst, layout, pidx) -> tuple[bool, str]:
+        if layout is None:
+            # Checked before any I/O: a destination we cannot write in place is the caller's problem, not the
+            # page's (no verify-failure reclaim), and never an acknowledged page.
+            try:
+                d = _page_view(dst, writable=True)
+            except (TypeError, ValueError) as ex:
+                return False, f"bad_dst:{ex}"
+            if d.nbytes < st.page_bytes:
+                return False, f"bad_dst:{d.nbytes} B is smaller than the {st.page_bytes} B page"
         rd = self._reader(e.rank, e.disk, st.kind)
         if rd is None:
             return False, "no_slab"
@@ -573,9 +616,6 @@ class L3Store:
         if payload is None:
             return False, reason
         if layout is None:
-            d = np.frombuffer(dst, dtype=np.uint8) if not isinstance(dst, np.ndarray) else dst.reshape(-1).view(np.uint8)
-            if d.nbytes < st.page_bytes:
-                return False, "dst_too_small"
             np.copyto(d[:st.page_bytes], np.frombuffer(payload, dtype=np.uint8))
         else:
             layout.scatter_from(pidx, buf.view, HEADER_SIZE)
@@ -613,7 +653,10 @@ class L3Store:
                 if ok:
                     out[i] = True
                     self._ctl.append(("touch", kind, ikeys[i], entries[i], ts))
-                elif reason not in ("dst_too_small", "no_slab") and not reason.startswith("error:"):
+                elif reason.startswith("bad_dst:"):
+                    self.c.reload_bad_dst += 1
+                    self._warn_once("bad_dst", "L3 reload: destination refused (%s); the page is a miss", reason[8:])
+                elif reason != "no_slab" and not reason.startswith("error:"):
                     # The entry points at bytes that are not this page: reclaim it (conditionally) via the writer.
                     self.c.verify_failures += 1
                     self._ctl.append(("bad", kind, ikeys[i], entries[i]))
@@ -628,6 +671,12 @@ class L3Store:
             log.exception("L3 reload failed; pages are misses")
             self.c.data_path_errors += 1
         return out
+
+    def _warn_once(self, what: str, msg: str, *args) -> None:
+        """Caller bugs on the data path are counted every time and logged once per store (no log flood)."""
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning(msg, *args)
 
     # ------------------------------------------------------------------ free / clear / flush
     def free(self, kind, keys: Sequence) -> None:

@@ -357,3 +357,33 @@ def test_namespace_mismatch_is_a_miss(tmp_path):
         assert s.reload_into(K, [key(1)], [np.zeros(PB, np.uint8)]) == [False]
     finally:
         s.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 7, item 1: a destination (or source) whose memory is not the page in order is refused, never acknowledged.
+def test_reload_into_a_destination_it_cannot_write_in_place_is_a_counted_miss(store):
+    spill_durable(store, [2])
+    rows = PB // 4  # PB = 4 x 3097
+    fortran = np.zeros((rows, 4), np.uint8, order="F")        # reshape(-1) of this is a C-order copy
+    sliced = np.zeros((4, 2 * rows), np.uint8)[:, :rows]      # 2-D slice: not contiguous either
+    readonly = np.zeros(PB, np.uint8)
+    readonly.flags.writeable = False
+    for dst in (fortran, sliced, readonly):
+        assert store.reload_into(K, [key(2)], [dst]) == [False]
+        assert not dst.any()  # untouched, and not acknowledged
+    assert store.reload_into(K, [key(2)], [bytes(PB)]) == [False]  # an immutable buffer
+    st = store.stats()
+    assert st["reload_bad_dst"] == 4 and st["verify_failures"] == 0  # the page itself is fine: no reclaim
+    # The same bytes into a C-contiguous 2-D array are fine, and the page is still there.
+    ok = np.zeros((4, rows), np.uint8)
+    assert store.reload_into(K, [key(2)], [ok]) == [True]
+    assert np.array_equal(ok.reshape(-1), page(2))
+
+
+def test_spill_refuses_a_source_whose_memory_order_is_not_the_page(store):
+    rows = PB // 4
+    src = np.asfortranarray(page(5).reshape(rows, 4))
+    assert store.spill(K, [key(5)], [src]) == [False]
+    assert store.spill(K, [key(6)], [np.zeros((4, 2 * rows), np.uint8)[:, :rows]]) == [False]
+    assert store.stats()["dropped_bad_input"] == 2
+    assert store.flush(30) and store.exists(K, [key(5)]) == 0
