@@ -69,6 +69,14 @@ class IndexEntry(NamedTuple):
     def unpack(b) -> "IndexEntry":
         return IndexEntry(*_VALUE.unpack(b))
 
+    @staticmethod
+    def decode(b) -> "IndexEntry | None":
+        """The entry, or None for a value that is not the 16-byte layout (a damaged index page). A malformed value
+        is never an entry: lookups treat it as absent, so it costs its own page only, never its batch."""
+        if b is None or len(b) != VALUE_LEN:
+            return None
+        return IndexEntry(*_VALUE.unpack(b))
+
     def same_location(self, other: "IndexEntry") -> bool:
         return self.rank == other.rank and self.disk == other.disk and self.slot == other.slot
 
@@ -123,27 +131,32 @@ class L3Index:
 
     # ------------------------------------------------------------------ reads
     def get(self, key: bytes) -> IndexEntry | None:
+        if len(key) != KEY_LEN:
+            return None
         with self.env.begin(db=self.db, buffers=False) as txn:
-            v = txn.get(key)
-        return IndexEntry.unpack(v) if v is not None else None
+            return IndexEntry.decode(txn.get(key))
 
-    def get_many(self, keys: Sequence[bytes]) -> list[IndexEntry | None]:
-        """One read transaction for the whole batch (one consistent snapshot)."""
+    def get_many(self, keys: Sequence[bytes | None]) -> list[IndexEntry | None]:
+        """One read transaction for the whole batch (one consistent snapshot). A key that is not a well-formed
+        57-byte key (None, empty, wrong length) and a damaged value are each a None of their own."""
         out: list[IndexEntry | None] = []
         with self.env.begin(db=self.db, buffers=False) as txn:
             get = txn.get
             for k in keys:
-                v = get(k)
-                out.append(IndexEntry.unpack(v) if v is not None else None)
+                out.append(IndexEntry.decode(get(k)) if k is not None and len(k) == KEY_LEN else None)
         return out
 
     def prefix_len(self, keys: Iterable[bytes]) -> int:
-        """Length of the contiguous run of present keys from the start (stops at the first miss)."""
+        """Length of the contiguous run of present keys from the start (stops at the first miss; a malformed key
+        or a damaged value is a miss)."""
         n = 0
         with self.env.begin(db=self.db, buffers=True) as txn:
             get = txn.get
             for k in keys:
-                if get(k) is None:
+                if k is None or len(k) != KEY_LEN:
+                    break
+                v = get(k)
+                if v is None or len(v) != VALUE_LEN:
                     break
                 n += 1
         return n
@@ -157,7 +170,9 @@ class L3Index:
                 for k, v in cur:
                     if not k.startswith(prefix):
                         break
-                    items.append((k, IndexEntry.unpack(v)))
+                    e = IndexEntry.decode(v)
+                    if e is not None:
+                        items.append((k, e))
         return iter(items)
 
     def iter_rank(self, dep_tag: bytes, rank: int, ns_digest: bytes | None = None) -> Iterator[tuple[bytes, IndexEntry]]:
@@ -201,8 +216,11 @@ class L3Index:
                     packed = entry.pack()
                     if txn.put(key, packed, overwrite=False):
                         out.append(None)
-                    else:
-                        out.append(IndexEntry.unpack(txn.get(key)))
+                        continue
+                    cur = IndexEntry.decode(txn.get(key))
+                    if cur is None:  # a damaged value is no entry: ours replaces it
+                        txn.put(key, packed)
+                    out.append(cur)
             return out
         except lmdb.MapFullError:
             self.index_full += len(items)
@@ -227,12 +245,8 @@ class L3Index:
         try:
             with self.env.begin(db=self.db, write=True) as txn:
                 for key, expect in items:
-                    v = txn.get(key)
-                    if v is None:
-                        out.append(False)
-                        continue
-                    cur = IndexEntry.unpack(v)
-                    if not cur.same_location(expect):
+                    cur = IndexEntry.decode(txn.get(key))
+                    if cur is None or not cur.same_location(expect):
                         out.append(False)
                     elif newer_than_wins and cur.last_access > expect.last_access:
                         out.append(cur)
@@ -248,10 +262,9 @@ class L3Index:
         try:
             with self.env.begin(db=self.db, write=True) as txn:
                 for key, ts in items:
-                    v = txn.get(key)
-                    if v is None:
+                    cur = IndexEntry.decode(txn.get(key))
+                    if cur is None:
                         continue
-                    cur = IndexEntry.unpack(v)
                     if ts > cur.last_access:
                         txn.put(key, cur._replace(last_access=ts).pack())
             return True

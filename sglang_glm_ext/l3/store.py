@@ -110,6 +110,15 @@ def _page_view(obj, *, writable: bool) -> np.ndarray:
     return flat
 
 
+def _per_page(seq, n: int) -> list:
+    """``seq`` as a list of exactly ``n`` items, None-padded (a short or missing list costs only its missing pages)."""
+    try:
+        items = list(seq) if seq is not None else []
+    except TypeError:
+        items = []
+    return (items + [None] * n)[:n]
+
+
 def _write_meta(path: str, meta: dict) -> None:
     tmp = path + ".meta.json.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -458,10 +467,12 @@ class L3Store:
         return self._spill(kind, keys, None, layout, page_indices)
 
     def _spill(self, kind, keys, pages, layout, page_indices) -> list[bool]:
-        n = len(keys)
-        out = [False] * n
+        out: list[bool] = []
         queued = 0
         try:
+            keys = list(keys)  # any iterable; None or a non-iterable is caught below like any bad input
+            n = len(keys)
+            out = [False] * n
             kind = PayloadKind.parse(kind)
             st = self._kinds[kind]
             if self._closed:
@@ -595,7 +606,11 @@ class L3Store:
             return self._readers[key]
 
     def _reload_one(self, st: _KindState, chash: bytes, e: IndexEntry, dst, layout, pidx) -> tuple[bool, str]:
-        if layout is None:
+        if layout is not None:
+            if isinstance(pidx, bool) or not isinstance(pidx, (int, np.integer)) or not 0 <= pidx < layout.num_pages:
+                return False, f"bad_dst:page index {pidx!r} outside the layout's {layout.num_pages} pages"
+            pidx = int(pidx)
+        else:
             # Checked before any I/O: a destination we cannot write in place is the caller's problem, not the
             # page's (no verify-failure reclaim), and never an acknowledged page.
             try:
@@ -622,25 +637,29 @@ class L3Store:
         return True, "ok"
 
     def _reload(self, kind, keys, dsts, layout, page_indices) -> list[bool]:
-        n = len(keys)
-        out = [False] * n
+        out: list[bool] = []
         try:
+            keys = list(keys)
+            n = len(keys)
+            out = [False] * n
             kind = PayloadKind.parse(kind)
             st = self._kinds[kind]
+            # Each page stands alone: a malformed key, a missing destination or page index costs its own page.
             chashes = []
             for k in keys:
                 try:
                     chashes.append(key_to_bytes(k))
                 except ValueError:
                     chashes.append(None)
-            ikeys = [self._ikey(kind, h) if h is not None else b"" for h in chashes]
+            ikeys = [self._ikey(kind, h) if h is not None else None for h in chashes]
+            targets = _per_page(dsts if layout is None else page_indices, n)
             entries = self.index.get_many(ikeys)
             jobs = [i for i in range(n) if entries[i] is not None]
 
             def run(i):
                 try:
-                    return self._reload_one(st, chashes[i], entries[i], dsts[i] if dsts is not None else None,
-                                            layout, page_indices[i] if page_indices is not None else None)
+                    return self._reload_one(st, chashes[i], entries[i], targets[i] if layout is None else None,
+                                            layout, targets[i] if layout is not None else None)
                 except Exception as ex:  # EIO on read, bad dst, ... -> miss
                     return False, f"error:{type(ex).__name__}"
 

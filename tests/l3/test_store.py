@@ -387,3 +387,44 @@ def test_spill_refuses_a_source_whose_memory_order_is_not_the_page(store):
     assert store.spill(K, [key(6)], [np.zeros((4, 2 * rows), np.uint8)[:, :rows]]) == [False]
     assert store.stats()["dropped_bad_input"] == 2
     assert store.flush(30) and store.exists(K, [key(5)]) == 0
+
+
+# Issue 7, item 8 and its class: one bad element of a batch (key, destination, index value) costs only its page.
+def test_one_malformed_key_in_a_reload_batch_costs_only_its_own_page(store):
+    spill_durable(store, range(3))
+    keys = [key(0), "not-a-key", key(1), b"short", key(2)]
+    dsts = [np.zeros(PB, np.uint8) for _ in keys]
+    assert store.reload_into(K, keys, dsts) == [True, False, True, False, True]
+    for j, i in ((0, 0), (2, 1), (4, 2)):
+        assert np.array_equal(dsts[j], page(i))
+    # A destination list shorter than the key list: the pages without a destination are misses, the rest hit.
+    assert store.reload_into(K, [key(0), key(1)], [np.zeros(PB, np.uint8)]) == [True, False]
+    assert store.stats()["data_path_errors"] == 0
+
+
+def test_a_malformed_index_value_costs_only_its_own_page(store):
+    spill_durable(store, range(3))
+    bad = store._ikey(K, bytes.fromhex(key(1)))
+    with store.index.env.begin(db=store.index.db, write=True) as txn:
+        txn.put(bad, b"\x01" * 15)  # a damaged value: not the 16-byte entry layout
+    dsts = [np.zeros(PB, np.uint8) for _ in range(3)]
+    assert store.reload_into(K, [key(i) for i in range(3)], dsts) == [True, False, True]
+    assert store.exists(K, [key(0), key(1), key(2)]) == 1  # the damaged entry is not a present page
+    # Spilling a batch that contains the damaged key: the others are stored, and the damaged value is replaced.
+    assert all(store.spill(K, [key(i) for i in range(1, 5)], [page(i) for i in range(1, 5)]))
+    assert store.flush(30)
+    assert store.exists(K, [key(i) for i in range(5)]) == 5
+    out = np.zeros(PB, np.uint8)
+    assert store.reload_into(K, [key(1)], [out]) == [True] and np.array_equal(out, page(1))
+    st = store.stats()
+    assert st["data_path_errors"] == 0 and st["write_errors"] == 0
+
+
+def test_non_sequence_arguments_on_the_data_path_never_raise(store):
+    spill_durable(store, [0])
+    assert store.reload_into(K, None, None) == []
+    assert store.reload_into(K, iter([key(0)]), [np.zeros(PB, np.uint8)]) == [True]
+    assert store.spill(K, None, None) == []
+    assert store.exists(K, None) == 0
+    store.free(K, None)
+    assert store.flush(30) and store.exists(K, [key(0)]) == 1
