@@ -46,7 +46,10 @@ COLD_START_MODES = ("clear", "load")
 PLP_MODES = ("auto", "assume_safe", "assume_unsafe")
 DIRECT_MODES = ("auto", "on", "off")
 _KIND_NAMES = ("target_kv", "draft_kv", "index_k", "draft_index_k")
-_DEPLOYMENT_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# A deployment id names a directory (<disk>/<deployment_id>/rank<r>) and an owner-lock file: a plain name, never
+# a path. No separator, no leading '.' (so neither '.' nor '..' nor a hidden name) and no leading '-' (an option to
+# every tool an operator points at it); ASCII only, so one id is one name on every file system.
+_DEPLOYMENT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,63}$")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {
     None: 1, "b": 1,
@@ -185,8 +188,10 @@ class L3Config:
             return os.path.normpath(p)
 
         dep = _get(data, "deployment_id", "deployment_id", str, "default")
-        if not _DEPLOYMENT_RE.match(dep):
-            raise L3ConfigError(f"deployment_id: {dep!r} must match [A-Za-z0-9._-]{{1,64}} (it names directories)")
+        if not _DEPLOYMENT_RE.fullmatch(dep):
+            raise L3ConfigError(
+                f"deployment_id: {dep!r} must be a plain name: 1-64 characters of A-Z a-z 0-9 . _ -, starting with "
+                f"a letter, a digit or '_' (it names a directory, so '.', '..' and path separators are refused)")
         cold = _get(data, "cold_start", "cold_start", str, "clear")
         if cold not in COLD_START_MODES:
             raise L3ConfigError(f"cold_start: unknown mode {cold!r} (expected one of {COLD_START_MODES})")

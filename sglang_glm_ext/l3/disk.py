@@ -33,6 +33,7 @@ from typing import Callable
 
 from .aligned import AlignedBuffer, buffer_address
 from .format import BLOCK, HEADER_SIZE, round_up
+from .fsutil import make_private_dirs
 from .plp import PlpReport, PlpRequiredError, check_plp, probe_plp  # noqa: F401  (re-exported for the store)
 
 __all__ = [
@@ -85,24 +86,6 @@ def _fallocate(fd: int, length: int) -> None:
 def _enable_direct(fd: int) -> None:
     """Seam for tests: Linux lets O_DIRECT be toggled on an open fd; EINVAL means the filesystem refuses it."""
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
-
-
-def _make_private_dirs(parent: str) -> None:
-    """Create missing directories 0700 (chmod after mkdir: umask must not widen or narrow it).
-
-    Existing directories are left alone: the parent of a slab dir may be a shared mount point.
-    """
-    missing = []
-    d = parent
-    while d and not os.path.isdir(d):
-        missing.append(d)
-        d = os.path.dirname(d)
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, 0o700)
-        except FileExistsError:
-            continue
-        os.chmod(d, 0o700)
 
 
 class DiskSlab:
@@ -179,7 +162,7 @@ class DiskSlab:
 
         try:
             if create:
-                _make_private_dirs(os.path.dirname(path))
+                make_private_dirs(os.path.dirname(path))
             existed = os.path.exists(path)
             fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
         except FileNotFoundError as e:

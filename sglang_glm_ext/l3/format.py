@@ -119,9 +119,8 @@ class Namespace:
         if not 0 <= self.layer_start < self.layer_end:
             raise ValueError(f"Namespace layer range [{self.layer_start}, {self.layer_end}) is empty or negative")
 
-    def canonical(self) -> bytes:
-        """Stable encoding: sorted-key JSON under a domain tag, so field order in code can never change a digest."""
-        fields = {
+    def _fields(self) -> dict:
+        return {
             "model": self.model,
             "kv_dtype": self.kv_dtype,
             "layout": self.layout,
@@ -130,10 +129,29 @@ class Namespace:
             "layer_end": self.layer_end,
             "shard": self.shard,
         }
-        return b"sglang_glm_ext.l3.namespace.v1\0" + json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+
+    def canonical(self) -> bytes:
+        """Stable encoding: sorted-key JSON under a domain tag, so field order in code can never change a digest."""
+        return b"sglang_glm_ext.l3.namespace.v1\0" + json.dumps(self._fields(), sort_keys=True,
+                                                                  separators=(",", ":")).encode()
 
     def digest(self) -> bytes:
+        """The namespace alone. Not what a store seals blobs with: see :meth:`digest_for`."""
         return hashlib.blake2b(self.canonical(), digest_size=NS_DIGEST_BYTES).digest()
+
+    def digest_for(self, deployment_id: str) -> bytes:
+        """The digest an L3 store seals every blob with and checks every blob against (header ``ns_digest``).
+
+        It binds the deployment as well as the namespace: if two deployments ever end up sharing slab files (a
+        symlinked or bind-mounted directory), a blob one of them wrote never verifies for the other, so neither
+        is served the other's bytes. Rank is still absent: every rank of a deployment reads the others' blobs.
+        """
+        if not isinstance(deployment_id, str) or not deployment_id:
+            raise ValueError(f"deployment_id must be a non-empty string, got {deployment_id!r}")
+        doc = {"deployment_id": deployment_id, "namespace": self._fields()}
+        raw = b"sglang_glm_ext.l3.deployment-namespace.v1\0" + json.dumps(doc, sort_keys=True,
+                                                                            separators=(",", ":")).encode()
+        return hashlib.blake2b(raw, digest_size=NS_DIGEST_BYTES).digest()
 
 
 def key_to_bytes(key: "str | bytes | bytearray | memoryview") -> bytes:

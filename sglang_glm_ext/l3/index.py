@@ -30,6 +30,8 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import lmdb
 
+from .fsutil import make_private_dirs
+
 __all__ = ["IndexEntry", "L3Index", "deployment_tag", "make_key", "split_key", "now_us", "KEY_LEN", "VALUE_LEN"]
 
 _VALUE = struct.Struct("<HHIQ")
@@ -101,7 +103,8 @@ class L3Index:
 
     @classmethod
     def open(cls, path: str, map_size: int, *, readonly: bool = False, max_readers: int = 1024) -> "L3Index":
-        """Open (creating 0700 / 0600 if needed) the index environment at ``path``. Errors are loud (OSError /
+        """Open the index environment at ``path``: missing directories are created 0700, the files LMDB creates are
+        0600 (LMDB's ``mode``); nothing that exists is re-permissioned. Errors are loud (OSError /
         lmdb.Error with the path): they happen at store open, never on the data path."""
         path = os.path.abspath(path)
         with _ENVS_LOCK:
@@ -110,8 +113,8 @@ class L3Index:
                 shared[1] += 1
                 return cls(shared[0], path, map_size, readonly)
             if not readonly:
-                os.makedirs(path, mode=0o700, exist_ok=True)
-                os.chmod(path, 0o700)
+                # Missing directories owner-only; an existing index.path keeps the mode its operator gave it.
+                make_private_dirs(path)
             try:
                 env = lmdb.open(
                     path, map_size=map_size, subdir=True, readonly=readonly, lock=True, max_dbs=4,
@@ -121,11 +124,6 @@ class L3Index:
                 )
             except lmdb.Error as e:
                 raise OSError(f"L3 index: cannot open LMDB environment at {path!r}: {e}") from e
-            if not readonly:
-                for name in ("data.mdb", "lock.mdb"):
-                    p = os.path.join(path, name)
-                    if os.path.exists(p):
-                        os.chmod(p, 0o600)
             _ENVS[path] = [env, 1]
         return cls(env, path, map_size, readonly)
 

@@ -42,6 +42,7 @@ import numpy as np
 from .. import envs
 from .aligned import AlignedBuffer, is_aligned
 from .config import L3Config, L3ConfigError
+from .fsutil import make_private_dirs
 from .format import (
     FORMAT_VERSION,
     HEADER_SIZE,
@@ -117,6 +118,20 @@ def _per_page(seq, n: int) -> list:
     except TypeError:
         items = []
     return (items + [None] * n)[:n]
+
+
+def _check_slab_owner(path: str, deployment_id: str, rank: int) -> None:
+    """Refuse a slab whose sidecar names another deployment or rank: its directory resolves to someone else's
+    (a symlink or bind mount). The digest check would keep the bytes apart anyway; this makes the set-up loud."""
+    meta = read_slab_meta(path)
+    if not isinstance(meta, dict):
+        return
+    owner, owner_rank = meta.get("deployment_id"), meta.get("rank")
+    if (owner is not None and owner != deployment_id) or (owner_rank is not None and owner_rank != rank):
+        raise L3StoreError(
+            f"L3 slab {path} belongs to deployment {owner!r} rank {owner_rank} (its sidecar says so), not to "
+            f"deployment {deployment_id!r} rank {rank}: two deployments' directories resolve to the same files "
+            f"(a symlink or bind mount?). Give each deployment a directory of its own.")
 
 
 def _write_meta(path: str, meta: dict) -> None:
@@ -303,7 +318,9 @@ class L3Store:
         self.config = config
         self.rank = rank
         self.namespace = namespace
-        self.ns = namespace.digest()
+        # Every blob is sealed with, and checked against, a digest of the namespace AND the deployment: a blob of
+        # another deployment never verifies here even if the two ever share slab files.
+        self.ns = namespace.digest_for(config.deployment_id)
         self.dep = deployment_tag(config.deployment_id)
         self.disk = config.disk_for_rank(rank)
         self.cold_start = mode
@@ -320,12 +337,9 @@ class L3Store:
         nslots = config.slots_per_kind(rank, {k.label: b for k, b in slot_bytes.items()})
         sdir = config.slab_dir(rank)
         try:
-            os.makedirs(sdir, mode=0o700, exist_ok=True)
-            # makedirs honours the umask only for the leaf; make the tree we own owner-only explicitly.
-            d = sdir
-            for _ in range(2):
-                os.chmod(d, 0o700)
-                d = os.path.dirname(d)
+            # Missing directories owner-only; existing ones (the configured disk path, a pre-made deployment
+            # directory) keep the mode their operator gave them.
+            make_private_dirs(sdir)
             if not os.access(sdir, os.W_OK):
                 raise PermissionError(errno.EACCES, "not writable", sdir)
         except OSError as e:
@@ -344,13 +358,14 @@ class L3Store:
                 path = slab_path(config, rank, kind)
                 slab = _disk.DiskSlab.open(path, slot_bytes=slot_bytes[kind], num_slots=nslots[kind.label],
                                            create=True, direct=direct)
+                self._kinds[kind] = _KindState(kind, pb, slot_bytes[kind], nslots[kind.label], slab,
+                                               SlotPool(nslots[kind.label]))
+                _check_slab_owner(path, config.deployment_id, rank)
                 _write_meta(path, {
                     "format_version": FORMAT_VERSION, "kind": kind.label, "slot_bytes": slot_bytes[kind],
                     "num_slots": nslots[kind.label], "page_bytes": pb, "deployment_id": config.deployment_id,
                     "rank": rank, "disk": self.disk, "ns_digest": self.ns.hex(),
                 })
-                self._kinds[kind] = _KindState(kind, pb, slot_bytes[kind], nslots[kind.label], slab,
-                                               SlotPool(nslots[kind.label]))
             self.index = L3Index.open(config.index_path, config.index_map_size)
         except Exception as e:
             self._close_files()

@@ -95,6 +95,18 @@ def test_every_bad_value_names_its_key(tmp_path, over, needle):
         L3Config.from_dict(_base(tmp_path, **over))
 
 
+# Issue 7, item 2: a deployment id names a directory, so it must be a plain name, never a path.
+@pytest.mark.parametrize("dep", [".", "..", ".hidden", "-rf", "a/b", "a\\b", "", "x" * 65, "a b", "dép", "a\0b"])
+def test_deployment_id_must_be_a_plain_name(tmp_path, dep):
+    with pytest.raises(L3ConfigError, match=r"^deployment_id: .*plain name"):
+        L3Config.from_dict(_base(tmp_path, deployment_id=dep))
+
+
+@pytest.mark.parametrize("dep", ["default", "glm5_prod-2", "A.b", "_x", "9" * 64])
+def test_plain_deployment_ids_are_accepted(tmp_path, dep):
+    assert L3Config.from_dict(_base(tmp_path, deployment_id=dep)).deployment_id == dep
+
+
 def test_unreadable_or_invalid_file_is_loud(tmp_path):
     with pytest.raises(L3ConfigError, match="cannot read"):
         L3Config.from_file(tmp_path / "missing.toml")

@@ -171,6 +171,9 @@ def test_payload_kind_parse():
         F.PayloadKind.parse("kv")
 
 
+PINNED_DEPLOYMENT_DIGEST = "344d41407d6f042c0f0bc48e4c14fbaf"
+
+
 def test_namespace_digest_stable_and_sensitive():
     d = NS.digest()
     assert len(d) == 16 and d == F.Namespace(**vars(NS)).digest()
@@ -184,9 +187,18 @@ def test_namespace_digest_stable_and_sensitive():
         F.Namespace("", "fp8", "page_first", 64, 0, 1, "tp0of1")
 
 
+def test_deployment_digest_binds_the_deployment_and_the_namespace():
+    """Issue 7, item 2: the digest a store seals and checks every blob with names the deployment too."""
+    d = NS.digest_for("prod")
+    assert len(d) == 16 and d == F.Namespace(**vars(NS)).digest_for("prod")
+    assert d != NS.digest() and d != NS.digest_for("prod2") and d != NS.digest_for("pro")
+    assert d != F.Namespace(**{**vars(NS), "shard": "tp1of2"}).digest_for("prod")
+
+
 def test_on_disk_encoding_is_pinned():
     """Digest and header bytes are on disk: they may only change together with a FORMAT_VERSION bump."""
     assert NS.digest().hex() == "296216c0068710c9a6e14da5cfca533d"
+    assert NS.digest_for("prod").hex() == PINNED_DEPLOYMENT_DIGEST
     buf = bytearray(F.HEADER_SIZE)
     F.encode_header_into(buf, 0, kind=1, content_hash="00" * 32, payload_len=5, payload_checksum=7,
                          ns_digest=bytes(16))

@@ -428,3 +428,90 @@ def test_non_sequence_arguments_on_the_data_path_never_raise(store):
     assert store.exists(K, None) == 0
     store.free(K, None)
     assert store.flush(30) and store.exists(K, [key(0)]) == 1
+
+
+# Issue 7, item 2: deployments never share bytes; operator-configured directories keep their permissions.
+def _dep_cfg(tmp_path, dep, disk, **over):
+    return cfg(tmp_path, deployment_id=dep, disks=[{"path": str(disk), "budget": 64 * SLOT}], **over)
+
+
+def test_a_blob_written_by_one_deployment_never_verifies_for_another(tmp_path):
+    from sglang_glm_ext.l3.format import verify_blob_reason
+
+    a = L3Store.open(_dep_cfg(tmp_path, "a", tmp_path / "da"), rank=0, namespace=NS, page_bytes={K: PB})
+    b = L3Store.open(_dep_cfg(tmp_path, "b", tmp_path / "db"), rank=0, namespace=NS, page_bytes={K: PB})
+    try:
+        spill_durable(a, [1])
+        slot = a.index.get(a._ikey(K, bytes.fromhex(key(1)))).slot
+        with open(a.slab(K).path, "rb") as f:
+            f.seek(slot * SLOT)
+            blob = f.read(SLOT)
+        assert verify_blob_reason(blob, kind=K, content_hash=key(1), ns_digest=a.ns)[1] == "ok"
+        assert verify_blob_reason(blob, kind=K, content_hash=key(1), ns_digest=b.ns)[1] == "namespace_mismatch"
+    finally:
+        a.close()
+        b.close()
+
+
+def _alias_b_onto_a(tmp_path):
+    """Deployment b's slab directory resolves to deployment a's (a symlink an operator made by mistake)."""
+    (tmp_path / "db").mkdir()
+    os.symlink(tmp_path / "da" / "a", tmp_path / "db" / "b")
+
+
+def test_deployments_that_share_slab_files_are_refused_or_miss_never_served_each_others_bytes(tmp_path):
+    a_cfg = _dep_cfg(tmp_path, "a", tmp_path / "da")
+    b_cfg = _dep_cfg(tmp_path, "b", tmp_path / "db")
+    a = L3Store.open(a_cfg, rank=0, namespace=NS, page_bytes={K: PB})
+    spill_durable(a, [1])  # the page as deployment a computed it
+    a.close()
+    _alias_b_onto_a(tmp_path)
+    # 1. The slab's sidecar names its owner: the aliased open is refused, naming both deployments.
+    with pytest.raises(L3StoreError, match=r"belongs to deployment 'a'.*'b'"):
+        L3Store.open(b_cfg, rank=0, namespace=NS, page_bytes={K: PB})
+    # 2. Even without the sidecar (deleted), b's blobs never verify for a: the deployment is in every blob's digest.
+    os.unlink(a_cfg.slab_dir(0) + "/target_kv.slab.meta.json")
+    b = L3Store.open(b_cfg, rank=0, namespace=NS, page_bytes={K: PB})
+    assert b.spill(K, [key(1)], [page(1, "other-weights")]) == [True]  # same key, deployment b's bytes
+    assert b.flush(30)
+    b.close()
+    with pytest.raises(L3StoreError, match=r"belongs to deployment 'b'"):  # b's sidecar now names b
+        L3Store.open(a_cfg, rank=0, namespace=NS, page_bytes={K: PB}, cold_start="load")
+    os.unlink(a_cfg.slab_dir(0) + "/target_kv.slab.meta.json")
+    a = L3Store.open(a_cfg, rank=0, namespace=NS, page_bytes={K: PB}, cold_start="load")
+    try:
+        out = np.zeros(PB, np.uint8)
+        got = a.reload_into(K, [key(1)], [out])
+        assert not np.array_equal(out, page(1, "other-weights"))
+        assert got == [False]
+    finally:
+        a.close()
+
+
+def test_open_never_changes_the_mode_of_an_existing_directory(tmp_path):
+    disk, dep_dir, index = tmp_path / "disk", tmp_path / "disk" / "t", tmp_path / "index"
+    for d, mode in ((disk, 0o755), (dep_dir, 0o750), (index, 0o750)):
+        d.mkdir()
+        os.chmod(d, mode)
+    s = L3Store.open(cfg(tmp_path), rank=0, namespace=NS, page_bytes={K: PB})
+    try:
+        spill_durable(s, [0])
+        for d, mode in ((disk, 0o755), (dep_dir, 0o750), (index, 0o750)):
+            assert oct(os.stat(d).st_mode & 0o777) == oct(mode), d
+        # What the store created itself is owner-only.
+        assert oct(os.stat(os.path.dirname(s.slab(K).path)).st_mode & 0o777) == oct(0o700)
+    finally:
+        s.close()
+
+
+def test_missing_directories_are_created_owner_only_whatever_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        s = L3Store.open(cfg(tmp_path), rank=0, namespace=NS, page_bytes={K: PB})
+    finally:
+        os.umask(old)
+    try:
+        for d in (tmp_path / "disk", tmp_path / "disk" / "t", tmp_path / "disk" / "t" / "rank0", tmp_path / "index"):
+            assert oct(os.stat(d).st_mode & 0o777) == oct(0o700), d
+    finally:
+        s.close()
