@@ -181,8 +181,10 @@ class DiskSlab:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise SlabLockedError(
-                    f"L3 slab {path} is locked by another process (another server on this node using the same "
-                    f"rank and disk?); give each server its own L3 directory") from None
+                    f"L3 slab {path} is locked by another open store (in this process or another): a slab has "
+                    f"one writer. Two servers on one node must use different deployment_id values (each then "
+                    f"has its own slab directories and its own range of the shared index); two live servers of "
+                    f"one deployment and rank are refused") from None
             locked = True
             current = os.fstat(fd).st_size
             if current not in (0, size):

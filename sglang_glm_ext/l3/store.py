@@ -54,12 +54,12 @@ from .format import (
     slot_bytes_for,
     verify_blob_reason,
 )
-from .index import IndexEntry, L3Index, deployment_tag, make_key, now_us
+from .index import IndexEntry, L3Index, OwnerLock, OwnerLockHeld, deployment_tag, make_key, now_us
 from .slot_pool import SlotPool
 
 log = logging.getLogger(__name__)
 
-__all__ = ["L3Store", "L3StoreError", "ReadOnlySlab", "slab_path", "read_slab_meta"]
+__all__ = ["L3Store", "L3StoreError", "L3OwnerLockedError", "ReadOnlySlab", "slab_path", "read_slab_meta"]
 
 _TOUCH_PERSIST_INTERVAL_S = 1.0  # reload touches reach the shared index at most this often (coalesced)
 _MAX_BATCH_WAIT_S = 0.002  # writer waits this long for a batch to fill before writing what it has
@@ -67,6 +67,17 @@ _MAX_BATCH_WAIT_S = 0.002  # writer waits this long for a batch to fill before w
 
 class L3StoreError(RuntimeError):
     """Open-time failure (bad path, locked slab, PLP refused, budget too small). Never raised on the data path."""
+
+
+class L3OwnerLockedError(L3StoreError):
+    """Another live store owns this (deployment, rank) on this index: in another process, or in this one
+    (``in_this_process``; then :meth:`L3Store.find_open` returns it, for callers that share one store per
+    (config, rank) per process). ``holder`` is what the owner recorded (pid, host, slab_dir) or None."""
+
+    def __init__(self, msg: str, *, holder: "dict | None", in_this_process: bool):
+        super().__init__(msg)
+        self.holder = holder
+        self.in_this_process = in_this_process
 
 
 def slab_path(config: L3Config, rank: int, kind: PayloadKind, disk: int | None = None) -> str:
@@ -292,8 +303,6 @@ class L3Store:
 
     def __init__(self, config: L3Config, *, rank: int, namespace: Namespace,
                  page_bytes: Mapping[PayloadKind | str, int], cold_start: str | None = None):
-        from . import disk as _disk  # A's primitives; imported late so config/index stay usable without them
-
         if not isinstance(config, L3Config):
             raise L3ConfigError(f"<config>: expected L3Config, got {type(config).__name__}")
         config.check_rank(rank)
@@ -332,10 +341,40 @@ class L3Store:
         self._readers_lock = threading.Lock()
         self._tls = threading.local()
         self.index: L3Index | None = None
+        self._owner: OwnerLock | None = None
 
         slot_bytes = {k: slot_bytes_for(n) for k, n in kinds.items()}
         nslots = config.slots_per_kind(rank, {k.label: b for k, b in slot_bytes.items()})
         sdir = config.slab_dir(rank)
+        # One live owner per (deployment, rank) on an index, taken before anything is created or deleted for it.
+        try:
+            make_private_dirs(config.index_path)
+            self._owner = OwnerLock.acquire(config.index_path, config.deployment_id, rank, owner=self,
+                                            info={"slab_dir": sdir, "deployment_id": config.deployment_id,
+                                                  "rank": rank})
+        except OwnerLockHeld as e:
+            raise L3OwnerLockedError(str(e), holder=e.holder, in_this_process=e.in_this_process) from None
+        except OSError as e:
+            raise L3StoreError(f"index.path: cannot take the owner lock for rank {rank} in "
+                               f"{config.index_path!r}: {e}") from e
+        try:
+            self._open_owned(config, rank, kinds, slot_bytes, nslots, sdir, mode)
+        except BaseException:
+            self._close_files()
+            raise
+
+    @classmethod
+    def find_open(cls, config: L3Config, rank: int) -> "L3Store | None":
+        """The store this process has open for (config's index, deployment, rank), or None. A caller that must
+        share one store per (config, rank) per process (the HiCache backend) looks here before :meth:`open`."""
+        lock = OwnerLock.find(config.index_path, config.deployment_id, rank)
+        store = lock.owner if lock is not None else None
+        return store if isinstance(store, cls) and not store._closed else None
+
+    def _open_owned(self, config: L3Config, rank: int, kinds, slot_bytes, nslots, sdir: str, mode: str) -> None:
+        """The rest of open, run once this store owns (deployment, rank): slabs, PLP, index, cold start, threads."""
+        from . import disk as _disk  # A's primitives; imported late so config/index stay usable without them
+
         try:
             # Missing directories owner-only; existing ones (the configured disk path, a pre-made deployment
             # directory) keep the mode their operator gave them.
@@ -1143,6 +1182,9 @@ class L3Store:
         if self.index is not None:
             self.index.close()
             self.index = None
+        if self._owner is not None:  # last: nothing of this rank is open any more
+            self._owner.release()
+            self._owner = None
 
     def __enter__(self) -> "L3Store":
         return self
