@@ -35,7 +35,7 @@ import lmdb
 
 from .fsutil import make_private_dirs
 
-__all__ = ["IndexEntry", "L3Index", "OwnerLock", "OwnerLockHeld", "deployment_tag", "make_key", "split_key", "now_us",
+__all__ = ["IndexEntry", "L3Index", "IndexDamagedError", "OwnerLock", "OwnerLockHeld", "deployment_tag", "make_key", "split_key", "now_us",
            "KEY_LEN", "VALUE_LEN"]
 
 _VALUE = struct.Struct("<HHIQ")
@@ -87,6 +87,38 @@ class IndexEntry(NamedTuple):
         return self.rank == other.rank and self.disk == other.disk and self.slot == other.slot
 
 
+class IndexDamagedError(OSError):
+    """The index files are not what LMDB's own metadata says they must be (e.g. a truncated ``data.mdb``).
+
+    Raised at open, before any page of the file is touched through the map: LMDB maps ``data.mdb``, and a read
+    of a page past the end of a truncated file is SIGBUS, which no caller can catch."""
+
+
+def _check_data_file(env: lmdb.Environment, path: str) -> None:
+    """Refuse a ``data.mdb`` shorter than the pages its newest meta page says are committed.
+
+    LMDB's open reads the two meta pages with pread (a file too short for them is MDB_INVALID, an lmdb.Error);
+    ``env.info()`` / ``env.stat()`` read only those meta pages. Every page a reader can reach is numbered at most
+    ``last_pgno`` (LMDB never shrinks the file; a writer writes pages before the meta that names them), so a
+    file of at least ``(last_pgno + 1) * psize`` bytes cannot fault on any read this process will make.
+    """
+    data = os.path.join(path, "data.mdb")
+    info = env.info()
+    psize = env.stat()["psize"]
+    need = (int(info["last_pgno"]) + 1) * int(psize)
+    try:
+        size = os.stat(data).st_size
+    except OSError as e:
+        raise IndexDamagedError(f"L3 index {data}: cannot stat the data file: {e}") from e
+    if size < need:
+        raise IndexDamagedError(
+            f"L3 index {data} is {size} B but its last committed page (number {info['last_pgno']}, {psize} B "
+            f"pages) ends at byte {need}: the file is truncated or damaged, and reading it would crash the "
+            f"process. It is the node's commit record of which slab slots hold which pages, shared by every rank, "
+            f"so it is not rebuilt behind the other ranks' backs: stop every server on this node, move {path!r} "
+            f"aside, and restart (L3 then starts cold: its pages are misses, never wrong bytes).")
+
+
 # LMDB allows one Environment per file per process (a second open of the same path is an error, and closing
 # either would break the other). Several stores in one process (tests, tools, several ranks in one process)
 # therefore share one Environment per path, reference-counted.
@@ -114,6 +146,7 @@ class L3Index:
         with _ENVS_LOCK:
             shared = _ENVS.get(path)
             if shared is not None:
+                _check_data_file(shared[0], path)  # cheap (one stat): a file cut since the first open is refused too
                 shared[1] += 1
                 return cls(shared[0], path, map_size, readonly)
             if not readonly:
@@ -128,6 +161,11 @@ class L3Index:
                 )
             except lmdb.Error as e:
                 raise OSError(f"L3 index: cannot open LMDB environment at {path!r}: {e}") from e
+            try:
+                _check_data_file(env, path)
+            except BaseException:
+                env.close()
+                raise
             _ENVS[path] = [env, 1]
         return cls(env, path, map_size, readonly)
 

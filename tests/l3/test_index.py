@@ -115,3 +115,98 @@ def test_sizing_bytes_per_entry(tmp_path):
     per = ix.stat()["bytes_used"] / n
     assert 80 <= per <= 250, per  # 57 B key + 16 B value + node overhead, B-tree fill ~ 50-100 %
     ix.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 7, item 4: a truncated data.mdb is a clear error at open, never SIGBUS. Run in a subprocess, so a signal
+# shows as a failed test instead of a dead pytest.
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = str(Path(__file__).resolve().parents[2])
+
+_TRUNC_CHILD = textwrap.dedent("""
+    import sys
+    which, path = sys.argv[1], sys.argv[2]
+    if which == "index":
+        from sglang_glm_ext.l3.index import L3Index
+        try:
+            ix = L3Index.open(path, 2**24)
+        except OSError as e:
+            print("REFUSED", type(e).__name__, e, flush=True)
+            sys.exit(0)
+        # Opened: the data path must still not fault.
+        n = len(list(ix.iter_prefix(b"")))
+        ix.get_many([bytes(57)] * 10)
+        print("OPENED", n, flush=True)
+    else:
+        from sglang_glm_ext.l3.config import L3Config
+        from sglang_glm_ext.l3.format import Namespace, PayloadKind
+        from sglang_glm_ext.l3.store import L3Store, L3StoreError
+        cfg = L3Config.from_file(path)
+        try:
+            s = L3Store.open(cfg, rank=0, namespace=Namespace("m", "bf16", "page_first", 64, 0, 1, "tp0"),
+                             page_bytes={PayloadKind.TARGET_KV: 4096}, cold_start="load")
+        except L3StoreError as e:
+            print("REFUSED", type(e).__name__, e, flush=True)
+            sys.exit(0)
+        print("OPENED", s.exists(PayloadKind.TARGET_KV, ["00" * 32]), flush=True)
+        s.close()
+""")
+
+
+def _fill_index(path, n=20000):
+    ix = L3Index.open(str(path), 2**24)
+    dep = deployment_tag("t")
+    for b in range(0, n, 5000):
+        ix.commit_puts([(make_key(dep, NS_A, 1, _h(i)), IndexEntry(0, 0, i, 1)) for i in range(b, b + 5000)])
+    ix.close()
+    return os.path.getsize(path / "data.mdb")
+
+
+def _run_child(tmp_path, which, target):
+    script = tmp_path / "trunc_child.py"
+    script.write_text(_TRUNC_CHILD)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, str(script), which, str(target)], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+def _assert_refused(res):
+    assert res.returncode == 0, f"child died with {res.returncode} (SIGBUS is -7): {res.stderr[-2000:]}"
+    assert res.stdout.startswith("REFUSED"), res.stdout
+    assert "data.mdb" in res.stdout and "truncated" in res.stdout
+
+
+def test_a_truncated_index_is_refused_at_store_open_not_a_sigbus(tmp_path):
+    size = _fill_index(tmp_path / "index")
+    os.truncate(tmp_path / "index" / "data.mdb", size // 2)
+    cfg = tmp_path / "l3.toml"
+    cfg.write_text(f'deployment_id = "t"\n[[disks]]\npath = "{tmp_path}/disk"\nbudget = "1MiB"\n'
+                   f'[index]\npath = "{tmp_path}/index"\nmap_size = "16MiB"\n')
+    _assert_refused(_run_child(tmp_path, "store", cfg))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cut", ["half", "two_pages_and_a_bit", "one_page_and_a_bit", "all_but_one_page"])
+def test_every_truncation_of_the_index_is_refused_or_empty_never_a_signal(tmp_path, cut):
+    size = _fill_index(tmp_path / "index")
+    new = {"half": size // 2, "two_pages_and_a_bit": 2 * 4096 + 100, "one_page_and_a_bit": 4096 + 1904,
+           "all_but_one_page": size - 4096}[cut]
+    os.truncate(tmp_path / "index" / "data.mdb", new)
+    res = _run_child(tmp_path, "index", tmp_path / "index")
+    assert res.returncode == 0, f"child died with {res.returncode} (SIGBUS is -7): {res.stderr[-2000:]}"
+    assert res.stdout.startswith("REFUSED"), res.stdout
+
+
+def test_an_intact_index_still_opens_and_an_empty_file_is_a_new_index(tmp_path):
+    _fill_index(tmp_path / "index", n=5000)
+    res = _run_child(tmp_path, "index", tmp_path / "index")
+    assert res.returncode == 0 and res.stdout.split() == ["OPENED", "5000"], res.stdout + res.stderr
+    # Zero bytes is what LMDB itself treats as a new environment (and what a crash during the very first
+    # creation leaves): it opens empty; the slabs' pages are then unreferenced, i.e. misses, never wrong bytes.
+    os.truncate(tmp_path / "index" / "data.mdb", 0)
+    res = _run_child(tmp_path, "index", tmp_path / "index")
+    assert res.returncode == 0 and res.stdout.split() == ["OPENED", "0"], res.stdout + res.stderr
