@@ -9,11 +9,15 @@ Categories (counted per slab and in total):
 * orphan_slot     slot with a valid header that no index entry points at (inert; overwritten on reuse)
 * unknown_version header written by another format version (a miss for this version; see l3_format.md)
 * empty           never-written slots
+* damaged_index   keys found out of sorted order, or values that are not entries, in the deployment's range (a
+                  damaged LMDB page). Every entry is still checked (the scan walks past damage); the page itself
+                  cannot be repaired here: stop the node's servers and move the index aside (L3 starts cold)
 
 ``--repair`` drops corrupt and orphan_index entries, conditionally (only if the entry still names the same
 location, so a live server's newer write is never removed). Slabs are only read, never written.
 
-Exit code (``fsck_main``): 0 clean; 1 problems found and all repaired; 2 corruption or orphaned entries left.
+Exit code (``fsck_main``): 0 clean; 1 problems found and all repaired; 2 corruption or orphaned entries left,
+or a damaged index.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class FsckReport:
     orphan_slot: int = 0
     unknown_version: int = 0
     empty: int = 0
+    damaged_index: int = 0
     slabs_scanned: int = 0
     repaired: int = 0
     repair: bool = False
@@ -56,6 +61,8 @@ class FsckReport:
 
     @property
     def exit_code(self) -> int:
+        if self.damaged_index:
+            return 2
         if self.needs_repair == 0:
             return 0
         return 1 if self.repair and self.repaired >= self.needs_repair else 2
@@ -68,7 +75,8 @@ class FsckReport:
     def render(self) -> str:
         lines = [f"L3 fsck deployment={self.deployment_id} slabs={self.slabs_scanned}",
                  f"  live={self.live} corrupt={self.corrupt} orphan_index={self.orphan_index} "
-                 f"orphan_slot={self.orphan_slot} unknown_version={self.unknown_version} empty={self.empty}"]
+                 f"orphan_slot={self.orphan_slot} unknown_version={self.unknown_version} empty={self.empty} "
+                 f"damaged_index={self.damaged_index}"]
         if self.repair:
             lines.append(f"  repaired (index entries dropped): {self.repaired}")
         lines += [f"  - {p}" for p in self.problems]
@@ -96,7 +104,14 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
     try:
         dep = deployment_tag(config.deployment_id)
         groups: dict[tuple[int, int, int], list[tuple[bytes, IndexEntry]]] = collections.defaultdict(list)
-        for key, e in idx.iter_prefix(dep):
+        scan = idx.scan(dep)
+        if scan.damaged or scan.malformed:
+            rep.damaged_index = scan.damaged + scan.malformed
+            _note(rep, f"index {config.index_path}: {scan.damaged} key(s) out of order and {scan.malformed} "
+                       f"malformed value(s) (a damaged LMDB page); every entry was still checked. Lookups in the "
+                       f"damaged page may miss; stop this node's servers and move the index aside to rebuild it "
+                       f"cold", max_problems)
+        for key, e in scan.items:
             groups[(e.rank, e.disk, key[24])].append((key, e))
         referenced: set[tuple[int, int, int, int]] = set()
         to_drop: list[tuple[bytes, IndexEntry]] = []
@@ -191,13 +206,12 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
             _close(hbuf)
 
         if repair and to_drop:
-            for i in range(0, len(to_drop), 4096):
-                res = idx.delete_if(to_drop[i:i + 4096])
-                if res is None:
-                    _note(rep, "index map full while repairing; enlarge index.map_size", max_problems)
-                    break
-                # An entry already gone (freed meanwhile) is as repaired as one we deleted.
-                rep.repaired += len(res)
+            # Conditional on the location (a live server's newer write survives); by position in a damaged index,
+            # where a key search may not find them. An entry already gone (freed meanwhile) counts as repaired.
+            if idx.delete_scanned(to_drop, damaged=bool(scan.damaged)) is None:
+                _note(rep, "index map full while repairing; enlarge index.map_size", max_problems)
+            else:
+                rep.repaired += len(to_drop)
     finally:
         idx.close()
     return rep

@@ -24,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import socket
 import struct
@@ -35,7 +36,9 @@ import lmdb
 
 from .fsutil import make_private_dirs
 
-__all__ = ["IndexEntry", "L3Index", "IndexDamagedError", "OwnerLock", "OwnerLockHeld", "deployment_tag", "make_key", "split_key", "now_us",
+log = logging.getLogger(__name__)
+
+__all__ = ["IndexEntry", "L3Index", "IndexDamagedError", "ScanResult", "OwnerLock", "OwnerLockHeld", "deployment_tag", "make_key", "split_key", "now_us",
            "KEY_LEN", "VALUE_LEN"]
 
 _VALUE = struct.Struct("<HHIQ")
@@ -119,6 +122,63 @@ def _check_data_file(env: lmdb.Environment, path: str) -> None:
             f"aside, and restart (L3 then starts cold: its pages are misses, never wrong bytes).")
 
 
+class ScanResult(NamedTuple):
+    items: list  # [(key, IndexEntry)] of the range, in page order
+    damaged: int  # keys found out of sorted order (a damaged page); 0 for a healthy index
+    malformed: int  # records of the range whose value is not an entry (skipped)
+    full_walk: bool  # the range walk met damage, so the whole database was walked instead
+
+
+def _successor(prefix: bytes) -> "bytes | None":
+    """The smallest key greater than every key that starts with ``prefix`` (None: no such key)."""
+    p = bytearray(prefix)
+    while p:
+        if p[-1] < 0xFF:
+            p[-1] += 1
+            return bytes(p)
+        p.pop()
+    return None
+
+
+def _walk_range(txn, prefix: bytes) -> "list[tuple[bytes, bytes]] | None":
+    """Records of the range from a positioned walk, or None when the walk sees any sign of a damaged page."""
+    look = txn.cursor()
+    back: list[bytes] = []
+    positioned = look.set_range(prefix)
+    if positioned or look.last():
+        if not positioned:
+            back.append(look.key())
+        while len(back) < 2 and look.prev():
+            back.append(look.key())
+    # back[0] is the key just before the walk's start, back[1] the one before it: both below the range, in order.
+    if back and back[0] >= prefix:
+        return None
+    if len(back) == 2 and not back[1] < back[0]:
+        return None
+    hi = _successor(prefix)
+    cur = txn.cursor()
+    out: list[tuple[bytes, bytes]] = []
+    prev = back[0] if back else None
+    ok = cur.set_range(prefix)
+    while ok:
+        k = cur.key()
+        if prev is not None and k <= prev:
+            return None
+        if k.startswith(prefix):
+            out.append((k, cur.value()))
+            prev = k
+            ok = cur.next()
+            continue
+        # The first key past the range (k > prev, so k >= hi): the range really ends here only if the order
+        # goes on after it; a damaged key that sorts high would be followed by a smaller (in-range) key.
+        if hi is not None and k < hi:
+            return None
+        if cur.next() and not cur.key() > k:
+            return None
+        return out
+    return out
+
+
 # LMDB allows one Environment per file per process (a second open of the same path is an error, and closing
 # either would break the other). Several stores in one process (tests, tools, several ranks in one process)
 # therefore share one Environment per path, reference-counted.
@@ -136,6 +196,7 @@ class L3Index:
         self.readonly = readonly
         self.db = env.open_db(_DB_NAME, create=not readonly)
         self.index_full = 0  # puts refused because the map is full (monotonic)
+        self.damage_seen = 0  # scans that found keys out of order or malformed values (monotonic)
 
     @classmethod
     def open(cls, path: str, map_size: int, *, readonly: bool = False, max_readers: int = 1024) -> "L3Index":
@@ -201,19 +262,49 @@ class L3Index:
                 n += 1
         return n
 
-    def iter_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, IndexEntry]]:
-        """All (key, entry) whose key starts with ``prefix``; materialised in one read txn."""
-        items = []
+    def scan(self, prefix: bytes) -> "ScanResult":
+        """Every (key, entry) whose key starts with ``prefix``, in one read txn, even in a damaged index.
+
+        Invariant: a damaged key (a flipped byte in a leaf page puts a key out of sorted order, possibly outside
+        the range, in the middle of the range's records) never ends the scan early nor hides a record. The fast
+        path walks from ``set_range(prefix)`` and checks that the keys it passes are strictly increasing, that the
+        two keys before its start are below the range and in order (a damaged key can mislead the binary search
+        that positions it), and that the range ends at a key followed by a larger one. Any break is damage: the
+        whole database is then walked in page order -- a cursor walk follows page links and compares no keys,
+        so it sees every record -- and the range's records are picked from it (``full_walk``). With at most
+        one damaged key near the range the fast path either sees it or cannot have missed anything; the full walk
+        covers any amount of damage in leaf keys.
+        """
         with self.env.begin(db=self.db, buffers=False) as txn:
-            cur = txn.cursor()
-            if cur.set_range(prefix):
-                for k, v in cur:
-                    if not k.startswith(prefix):
-                        break
-                    e = IndexEntry.decode(v)
-                    if e is not None:
-                        items.append((k, e))
-        return iter(items)
+            raw = _walk_range(txn, prefix)
+            full = raw is None
+            damaged = 0
+            if full:
+                raw, prev = [], None
+                for k, v in txn.cursor():
+                    if prev is not None and k <= prev:
+                        damaged += 1
+                    prev = k
+                    if k.startswith(prefix):
+                        raw.append((k, v))
+                damaged = max(damaged, 1)
+        items, malformed = [], 0
+        for k, v in raw:
+            e = IndexEntry.decode(v)
+            if e is None:
+                malformed += 1
+            else:
+                items.append((k, e))
+        if damaged or malformed:
+            self.damage_seen += 1
+            log.warning("L3 index %s: range %s has %d key(s) out of order and %d malformed value(s) (a damaged "
+                        "page); scanned by a full walk. fsck reports it; the remedy is moving the index aside.",
+                        self.path, prefix[:8].hex(), damaged, malformed)
+        return ScanResult(items, damaged, malformed, full)
+
+    def iter_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, IndexEntry]]:
+        """All (key, entry) whose key starts with ``prefix`` (see :meth:`scan`); materialised in one read txn."""
+        return iter(self.scan(prefix).items)
 
     def iter_rank(self, dep_tag: bytes, rank: int, ns_digest: bytes | None = None) -> Iterator[tuple[bytes, IndexEntry]]:
         """Entries of this deployment (and namespace, if given) owned by ``rank`` (cold start, clear, fsck)."""
@@ -273,6 +364,23 @@ class L3Index:
         except lmdb.MapFullError:
             return False
 
+    def delete_scanned(self, items: Sequence[tuple[bytes, IndexEntry]], *, damaged: bool) -> int | None:
+        """Conditionally delete entries that a :meth:`scan` returned (same location only). After a scan that
+        found damage, by position (a key search may not find them); else like :meth:`delete_if`, chunked.
+        Returns the count deleted, or None when the map is full."""
+        try:
+            if damaged:
+                return self._delete_by_walk(dict(items))
+            n = 0
+            for i in range(0, len(items), 4096):
+                res = self.delete_if(items[i:i + 4096])
+                if res is None:
+                    return None
+                n += sum(1 for r in res if r is True)
+            return n
+        except lmdb.MapFullError:
+            return None
+
     def delete_if(self, items: Sequence[tuple[bytes, IndexEntry]], *, newer_than_wins: bool = False
                   ) -> list[bool | IndexEntry] | None:
         """Conditional delete in one transaction: remove ``key`` only if its entry still names the same location.
@@ -316,20 +424,42 @@ class L3Index:
         """Delete entries of this deployment owned by ``rank`` (optionally only one namespace, or all namespaces
         but ``keep_ns``). Entries of other deployments and other ranks are never touched. Returns the count."""
         prefix = dep_tag + (ns_digest or b"")
+        scan = self.scan(prefix)
+        batch = [(k, e) for k, e in scan.items
+                 if e.rank == rank and not (keep_ns is not None and k[8:24] == keep_ns)]
+        if scan.damaged:
+            # A search in a damaged page can miss keys that are there: delete by position instead.
+            return self._delete_by_walk({k: None for k, _ in batch})
         n = 0
-        batch: list[bytes] = []
-        for k, e in self.iter_prefix(prefix):
-            if e.rank != rank:
-                continue
-            if keep_ns is not None and k[8:24] == keep_ns:
-                continue
-            batch.append(k)
         # Chunked so one huge clear does not need one huge dirty-page set in a single transaction.
         for i in range(0, len(batch), 4096):
             with self.env.begin(db=self.db, write=True) as txn:
-                for k in batch[i:i + 4096]:
+                for k, _ in batch[i:i + 4096]:
                     if txn.delete(k):
                         n += 1
+        return n
+
+    def _delete_by_walk(self, want: "dict[bytes, IndexEntry | None]") -> int:
+        """Delete the records whose key is in ``want`` (and, where ``want[key]`` is an entry, whose value still
+        names its location) by walking the whole database in page order in ONE write transaction: no key search,
+        so a damaged page cannot hide a record. Used only when a scan found damage. Returns records deleted."""
+        if not want:
+            return 0
+        n = 0
+        with self.env.begin(db=self.db, write=True, buffers=False) as txn:
+            cur = txn.cursor()
+            ok = cur.first()
+            while ok:
+                k = cur.key()
+                if k in want:
+                    expect = want[k]
+                    cur_e = IndexEntry.decode(cur.value())
+                    if expect is None or (cur_e is not None and cur_e.same_location(expect)):
+                        cur.delete()  # moves to the next record; an empty key means past the end
+                        n += 1
+                        ok = bool(cur.key())
+                        continue
+                ok = cur.next()
         return n
 
     def close(self) -> None:

@@ -452,17 +452,21 @@ class L3Store:
         reused by the current namespace, so such entries would point at slots this process will hand out.
         """
         idx = self.index
-        idx.delete_for(self.dep, self.rank, keep_ns=self.ns)
         if mode == "clear":
-            idx.delete_for(self.dep, self.rank, self.ns)
+            idx.delete_for(self.dep, self.rank)  # every namespace; by position if the index is damaged
             for st in self._kinds.values():
                 st.pool.reset()
             self.loaded_pages = 0
+            self.stale_dropped = 0
             return
+        idx.delete_for(self.dep, self.rank, keep_ns=self.ns)
         loaded = 0
+        # scan, not a key search per entry: a damaged key must neither end the walk nor hide the entries after it
+        scan = idx.scan(self.dep + self.ns)
         by_kind: dict[int, list[tuple[bytes, IndexEntry]]] = collections.defaultdict(list)
-        for key, e in idx.iter_rank(self.dep, self.rank, self.ns):
-            by_kind[key[24]].append((key, e))
+        for key, e in scan.items:
+            if e.rank == self.rank:
+                by_kind[key[24]].append((key, e))
         stale: list[tuple[bytes, IndexEntry]] = []
         for kv, items in by_kind.items():
             st = self._kinds.get(PayloadKind(kv)) if kv in PayloadKind._value2member_map_ else None
@@ -488,9 +492,8 @@ class L3Store:
             heapq.heapify(st.heap)
             loaded += len(live_slots)
         # Stale entries point at slots this rank may now hand out: remove them before any write can happen.
-        for i in range(0, len(stale), 4096):
-            if idx.delete_if(stale[i:i + 4096]) is None:
-                raise L3StoreError("index map full while dropping stale entries; enlarge index.map_size")
+        if stale and idx.delete_scanned(stale, damaged=bool(scan.damaged)) is None:
+            raise L3StoreError("index map full while dropping stale entries; enlarge index.map_size")
         self.loaded_pages = loaded
         self.stale_dropped = len(stale)
 

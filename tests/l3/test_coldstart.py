@@ -163,3 +163,60 @@ def test_env_var_overrides_the_config_mode_for_one_launch(tmp_path, monkeypatch)
     monkeypatch.setenv("SGLANG_CP_L3_COLD_START", "reload")
     with pytest.raises(L3ConfigError, match="unknown mode 'reload'"):
         opened(tmp_path, None)
+
+
+# Issue 7, item 5: one damaged key in the index (a flipped byte in an LMDB leaf) must not end the cold-start scan.
+def _damage_middle_key(tmp_path, s):
+    import re
+
+    ours = sorted(k for k, e in s.index.iter_rank(s.dep, 0, s.ns))
+    victim = ours[len(ours) // 2]
+    path = tmp_path / "index" / "data.mdb"
+    raw = path.read_bytes()
+    with open(path, "r+b") as f:
+        for m in re.finditer(re.escape(victim), raw):
+            f.seek(m.start())
+            f.write(bytes([raw[m.start()] ^ 0xFF]))  # the deployment tag: now a foreign key amid ours
+    return set(ours) - {victim}
+
+
+def _records(s):
+    with s.index.env.begin(db=s.index.db) as txn:
+        return {bytes(k) for k, _ in txn.cursor()}
+
+
+def _three_deployments(tmp_path, n=30):
+    keep = {}
+    for dep in ("aaa", "dep", "zzz"):
+        st = L3Store.open(cfg(tmp_path, dep=dep), rank=0, namespace=NS, page_bytes={K: PB}, cold_start="clear")
+        spill(st, range(n), salt=dep)
+        keep[dep] = {k for k, _ in st.index.iter_rank(st.dep, 0, st.ns)}
+        if dep == "dep":
+            ours = _damage_middle_key(tmp_path, st)
+        st.close()
+    return keep, ours
+
+
+def test_clear_removes_every_entry_of_the_rank_despite_a_damaged_key(tmp_path):
+    keep, ours = _three_deployments(tmp_path)
+    s = opened(tmp_path, "clear", dep="dep")
+    try:
+        left = _records(s)
+        assert not ours & left  # before the fix the scan stopped at the damaged key and left the rest
+        assert keep["aaa"] <= left and keep["zzz"] <= left  # other deployments untouched
+    finally:
+        s.close()
+
+
+def test_load_accounts_for_every_entry_after_a_damaged_key(tmp_path):
+    keep, ours = _three_deployments(tmp_path)
+    s = opened(tmp_path, "load", dep="dep")
+    try:
+        assert s.loaded_pages == len(ours) == 29  # every undamaged entry: its slot is allocated, never reused
+        assert s.stats()["slots"]["target_kv"]["used"] == 29
+        spill(s, range(4), salt="new")  # new pages go to free slots only
+        assert reads_back(s, range(4), salt="new")
+        reachable = [i for i in range(30) if s.exists(K, [key(i, "dep")])]
+        assert len(reachable) >= 25 and reads_back(s, reachable, salt="dep")
+    finally:
+        s.close()

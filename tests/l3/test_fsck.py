@@ -99,3 +99,24 @@ def test_cli_subcommands(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["live"] == 0
     args = parser.parse_args(["l3", "bench", "--size-gb", "0.01", "--repeats", "3"])
     assert args.size_gb == 0.01 and args.repeats == 3 and args.page_bytes == [3274752, 2**20]
+
+
+def test_a_damaged_index_page_is_reported_and_every_entry_still_checked(tmp_path):
+    """Issue 7, item 5: fsck walks past a damaged key, checks every entry after it, and says the index is damaged."""
+    import re
+
+    cfg, path, s, slots = setup(tmp_path, n=12)
+    ours = sorted(k for k, _ in s.index.iter_prefix(s.dep))
+    victim = ours[len(ours) // 2]
+    s.close()
+    data = tmp_path / "index" / "data.mdb"
+    raw = data.read_bytes()
+    with open(data, "r+b") as f:
+        for m in re.finditer(re.escape(victim), raw):
+            f.seek(m.start())
+            f.write(bytes([raw[m.start()] ^ 0xFF]))
+    rep = fsck(cfg)
+    assert rep.live == 11  # all but the damaged key, which is no longer this deployment's
+    assert rep.damaged_index >= 1 and rep.exit_code == 2
+    assert any("out of order" in p for p in rep.problems)
+    assert fsck(cfg, repair=True).exit_code == 2  # repair drops entries; it cannot re-sort an LMDB page
