@@ -63,6 +63,7 @@ __all__ = ["L3Store", "L3StoreError", "L3OwnerLockedError", "ReadOnlySlab", "sla
 
 _TOUCH_PERSIST_INTERVAL_S = 1.0  # reload touches reach the shared index at most this often (coalesced)
 _MAX_BATCH_WAIT_S = 0.002  # writer waits this long for a batch to fill before writing what it has
+_HEAP_SLACK = 64  # GC heap items allowed beyond 2x the live pages before a compaction
 
 
 class L3StoreError(RuntimeError):
@@ -431,6 +432,9 @@ class L3Store:
         self._ctl_done = 0
         self._stop = False
         self._touch_pending: dict[bytes, int] = {}
+        # Reload outcomes for the writer, one slot per page (latest wins): (kind, ikey) -> (entry, ts) / entry.
+        self._touch_in: dict[tuple[PayloadKind, bytes], tuple[IndexEntry, int]] = {}
+        self._bad_in: dict[tuple[PayloadKind, bytes], IndexEntry] = {}
         self._touch_flushed_at = time.monotonic()
         self._gc_seq = 0
         self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"l3-io-r{rank}")
@@ -725,23 +729,31 @@ class L3Store:
             else:
                 results = [run(i) for i in jobs]
             ts = now_us()
+            touched, bad = [], []
             for i, (ok, reason) in zip(jobs, results):
                 if ok:
                     out[i] = True
-                    self._ctl.append(("touch", kind, ikeys[i], entries[i], ts))
+                    touched.append(i)
                 elif reason.startswith("bad_dst:"):
                     self.c.reload_bad_dst += 1
                     self._warn_once("bad_dst", "L3 reload: destination refused (%s); the page is a miss", reason[8:])
                 elif reason != "no_slab" and not reason.startswith("error:"):
                     # The entry points at bytes that are not this page: reclaim it (conditionally) via the writer.
                     self.c.verify_failures += 1
-                    self._ctl.append(("bad", kind, ikeys[i], entries[i]))
+                    bad.append(i)
                 else:
                     self.c.data_path_errors += reason.startswith("error:")
             hits = sum(out)
             self.c.reload_hits += hits
             self.c.reload_misses += n - hits
+            # Coalesced per page, not queued per hit: what waits for the writer is bounded by the pages there are,
+            # however many hits arrive while it is busy (a stalled disk), and the GC heap gets one push per page
+            # per writer round.
             with self._cond:
+                for i in touched:
+                    self._touch_in[(kind, ikeys[i])] = (entries[i], ts)
+                for i in bad:
+                    self._bad_in[(kind, ikeys[i])] = entries[i]
                 self._cond.notify()
         except Exception:
             log.exception("L3 reload failed; pages are misses")
@@ -820,6 +832,7 @@ class L3Store:
         while True:
             with self._cond:
                 while (not self._queue and not self._ctl and not self._stop and not self._completed
+                       and not self._touch_in and not self._bad_in
                        and not any(s.gc_active for s in self._kinds.values())):
                     self._cond.wait(0.5 if (self._touch_pending or self._commits_inflight) else None)
                     if self._touch_pending or self._commits_inflight:
@@ -965,8 +978,7 @@ class L3Store:
                 if outcome == "ok":
                     self.c.spilled += 1
                     st.current[it.ikey] = (detail, slot)
-                    self._gc_seq += 1
-                    heapq.heappush(st.heap, (detail, self._gc_seq, it.ikey, slot))
+                    self._heap_push(st, detail, it.ikey, slot)
                 elif outcome == "write_error":
                     self._write_failed(st, slot, detail)
                 elif outcome == "error":
@@ -992,16 +1004,13 @@ class L3Store:
         st.pool.free(slot)
 
     def _drain_ctl(self) -> None:
-        touches: dict = {}
+        with self._lock:
+            touches, self._touch_in = self._touch_in, {}
+            bads, self._bad_in = self._bad_in, {}
+        for (kind, ikey), entry in bads.items():
+            self._reclaim_keys(kind, [(ikey, entry)], counter=None)
         while self._ctl:
-            op, kind, a, b, *rest = self._ctl.popleft() + (None,)
-            if op == "touch":
-                entry, ts = b, rest[0]
-                touches[(kind, a)] = (entry, ts)
-                continue
-            if op == "bad":
-                self._reclaim_keys(kind, [(a, b)], counter=None)
-                continue
+            op, kind, a, b = self._ctl.popleft()
             self._complete_batches(block=True)  # barrier: no commit of an older spill lands after this op
             if op == "free":
                 self._free_keys(kind, a)
@@ -1023,8 +1032,7 @@ class L3Store:
                 cur = st.current.get(ikey)
                 if cur is not None and cur[1] == entry.slot and ts > cur[0]:
                     st.current[ikey] = (ts, entry.slot)
-                    self._gc_seq += 1
-                    heapq.heappush(st.heap, (ts, self._gc_seq, ikey, entry.slot))
+                    self._heap_push(st, ts, ikey, entry.slot)
             # Persist for other ranks' GC (and for a later `load`), coalesced.
             self._touch_pending[ikey] = max(ts, self._touch_pending.get(ikey, 0))
 
@@ -1085,6 +1093,20 @@ class L3Store:
         self._touch_pending.clear()
 
     # ------------------------------------------------------------------ GC
+    def _heap_push(self, st: _KindState, last_access: int, ikey: bytes, slot: int) -> None:
+        """Push onto the lazy-deletion heap, compacting it when stale items outnumber live ones.
+
+        Invariant: ``len(st.heap) <= 2 * len(st.current) + _HEAP_SLACK`` after every push, so the heap's memory is
+        bounded by the live pages however many touches arrive below gc.start (where nothing pops). A compaction
+        rebuilds the heap from ``st.current`` (the authority) in O(live); it runs after at least live + slack pushes,
+        so its cost per push is O(1) amortised."""
+        self._gc_seq += 1
+        heapq.heappush(st.heap, (last_access, self._gc_seq, ikey, slot))
+        if len(st.heap) > 2 * len(st.current) + _HEAP_SLACK:
+            st.heap = [(la, j, k, sl) for j, (k, (la, sl)) in enumerate(st.current.items(), start=self._gc_seq + 1)]
+            self._gc_seq += len(st.heap)
+            heapq.heapify(st.heap)
+
     def _gc_round(self) -> int:
         """One bounded GC round per pool over its start watermark. Returns pages reclaimed."""
         cfg = self.config
@@ -1113,16 +1135,14 @@ class L3Store:
         res = self.index.delete_if(victims, newer_than_wins=True)
         if res is None:  # could not commit: keep them, try next round
             for ikey, e in victims:
-                self._gc_seq += 1
-                heapq.heappush(st.heap, (e.last_access, self._gc_seq, ikey, e.slot))
+                self._heap_push(st, e.last_access, ikey, e.slot)
             self.c.index_full += 1
             return 0
         n = 0
         for (ikey, e), r in zip(victims, res):
             if isinstance(r, IndexEntry):  # another rank touched it since: it is warm, keep it
                 st.current[ikey] = (r.last_access, e.slot)
-                self._gc_seq += 1
-                heapq.heappush(st.heap, (r.last_access, self._gc_seq, ikey, e.slot))
+                self._heap_push(st, r.last_access, ikey, e.slot)
                 continue
             # True: deleted now. False: the entry is gone or names another location, so our slot is unreferenced.
             del st.current[ikey]
@@ -1149,6 +1169,8 @@ class L3Store:
             "inflight": inflight,
             "write_queue_depth": qdepth,
             "control_queue_depth": len(self._ctl),
+            "pending_touches": len(getattr(self, "_touch_in", ())),
+            "gc_heap_items": sum(len(st.heap) for st in self._kinds.values()),
             "staging_bytes": self._staging.in_use,
             "staging_allocated_bytes": self._staging.allocated,
             "staging_peak_bytes": self._staging.peak_allocated,

@@ -149,3 +149,57 @@ def test_racing_reader_of_a_reclaimed_slot_sees_a_miss(tmp_path):
         assert not ok and reason == "hash_mismatch"
     finally:
         s.close()
+
+
+# Issue 7, item 6: memory the store keeps per page is bounded by the live pages, not by the number of reload hits.
+def test_reload_hits_below_the_watermark_keep_the_gc_heap_bounded_by_live_pages(tmp_path):
+    s = open_store(tmp_path, stop=0.75)  # 20 slots: at 18 used, GC reclaims the 3 coldest
+    try:
+        for i in range(4):
+            spill(s, i)
+        keys = [key(i) for i in range(4)]
+        dsts = [np.zeros(PB, np.uint8) for _ in keys]
+        for _ in range(1000):  # 4,000 hits on four pages, far below gc.start
+            assert s.reload_into(K, keys, dsts) == [True] * 4
+        assert s.flush(30)
+        st = s.stats()
+        assert st["gc_reclaimed"] == 0 and st["reload_hits"] == 4000
+        assert st["gc_heap_items"] <= 2 * 4 + 64  # before: one heap item per hit (~4,000)
+        # The LRU order is still right after compactions: of the four, the page touched last is the warmest.
+        assert s.reload_into(K, [key(0)], [dsts[0]]) == [True]
+        assert s.flush(30)
+        for i in range(4, 18):
+            spill(s, i)
+        assert s.stats()["gc_reclaimed"] == 3
+        assert [s.exists(K, [key(i)]) for i in range(4)] == [1, 0, 0, 0]
+    finally:
+        s.close()
+
+
+def test_reload_hits_while_the_writer_is_stalled_do_not_queue_one_message_each(tmp_path):
+    import os
+    import threading
+
+    s = open_store(tmp_path)
+    gate = threading.Event()
+    try:
+        for i in range(4):
+            spill(s, i)
+
+        def stalled(fd, data, offset):
+            gate.wait(30)
+            return os.pwrite(fd, data, offset)
+
+        s.slab(K).inject_write_fault(stalled)
+        for i in range(10, 16):  # one write blocked in the I/O pool, two batches queued: the writer blocks
+            s.spill(K, [key(i)], [page(i)])
+        keys = [key(i) for i in range(4)]
+        dsts = [np.zeros(PB, np.uint8) for _ in keys]
+        for _ in range(500):
+            assert s.reload_into(K, keys, dsts) == [True] * 4
+        st = s.stats()
+        assert st["control_queue_depth"] + st["pending_touches"] <= 4 + 8  # before: 2,000 queued touches
+    finally:
+        gate.set()
+        s.slab(K).inject_write_fault(None)
+        s.close()
