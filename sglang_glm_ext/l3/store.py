@@ -207,6 +207,36 @@ class _Staged:
     cancelled: bool = False
 
 
+@dataclass(frozen=True)
+class _Failure:
+    """What a failed write / sync / commit was, as plain data.
+
+    Never an exception object: an exception keeps its traceback, whose frames hold slices of the staging buffer
+    (the ``data`` pwrite was given), so the buffer stays exported -- unmappable -- for as long as the exception
+    is referenced (a future, a result list, a log record kept by a handler). That made the staging pool's
+    next unmap of it fail with BufferError and drop later spills (issue 7, item 7)."""
+
+    errno: int | None
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _failure(e: BaseException) -> _Failure:
+    return _Failure(getattr(e, "errno", None), f"{type(e).__name__}: {e}")
+
+
+def _write_slot(slab, slot: int, buf: AlignedBuffer) -> "_Failure | None":
+    """I/O-pool task: write one sealed slot. Returns None, or the failure as plain data (see :class:`_Failure`);
+    the exception and its traceback die with this frame."""
+    try:
+        slab.write_slot(slot, buf)
+        return None
+    except Exception as e:
+        return _failure(e)
+
+
 class _StagingPool:
     """Aligned slot-sized buffers, capped in total bytes. ``acquire`` never blocks: None means "full, drop"."""
 
@@ -228,11 +258,21 @@ class _StagingPool:
                 return lst.pop()
             if self.allocated + size > self.cap:
                 # Give back idle buffers of other kinds before refusing: the cap is on bytes, not per kind.
+                # A buffer counts until it is really unmapped: one still exported somewhere (BufferError) stays
+                # in its free list, reusable and counted, so ``allocated`` is always the bytes actually mapped.
                 for k, other in self._free.items():
-                    while other and self.allocated + size > self.cap and k != kind:
+                    if k == kind:
+                        continue
+                    pinned = []
+                    while other and self.allocated + size > self.cap:
                         b = other.pop()
+                        try:
+                            b.close()
+                        except BufferError:
+                            pinned.append(b)
+                            continue
                         self.allocated -= self.sizes[k]
-                        b.close()
+                    other.extend(pinned)
                 if self.allocated + size > self.cap:
                     return None
             self.allocated += size
@@ -894,9 +934,9 @@ class L3Store:
             try:
                 seal_blob(it.buf.view, kind=it.kind, content_hash=it.chash, ns_digest=self.ns,
                           payload_len=st.page_bytes)
-                fut = self._io.submit(st.slab.write_slot, slot, it.buf)
+                fut = self._io.submit(_write_slot, st.slab, slot, it.buf)
             except Exception as e:
-                self._write_failed(st, slot, e)
+                self._write_failed(st, slot, _failure(e))
                 skipped.append(it)
                 continue
             pending.append((it, st, slot, fut))
@@ -918,8 +958,9 @@ class L3Store:
             try:
                 result = self._commit_batch(pending)
             except Exception as e:  # never lose a batch: report every page as failed
-                log.exception("L3 commit stage failed")
-                result = [(it, st, slot, "error", e) for it, st, slot, _ in pending]
+                log.error("L3 commit stage failed: %s", _failure(e))
+                result = [(it, st, slot, "error", _failure(e)) for it, st, slot, _ in pending]
+            pending = None  # nothing of this batch stays referenced while waiting for the next
             with self._cond:
                 self._completed.append(result)
                 self._cond.notify_all()
@@ -931,17 +972,17 @@ class L3Store:
         out = []
         written = []
         for it, st, slot, fut in pending:
-            try:
-                fut.result()
+            failed = fut.result()  # _write_slot returns its failure as plain data; it never raises
+            if failed is None:
                 written.append((it, st, slot))
-            except Exception as e:
-                out.append((it, st, slot, "write_error", e))
+            else:
+                out.append((it, st, slot, "write_error", failed))
         bad = {}
         for st in {id(s): s for _, s, _ in written}.values():
             try:
                 st.slab.sync()
             except Exception as e:
-                bad[st.kind] = e
+                bad[st.kind] = _failure(e)
         synced = []
         for it, st, slot in written:
             if st.kind in bad:

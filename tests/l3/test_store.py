@@ -515,3 +515,36 @@ def test_missing_directories_are_created_owner_only_whatever_the_umask(tmp_path)
             assert oct(os.stat(d).st_mode & 0o777) == oct(0o700), d
     finally:
         s.close()
+
+
+# Issue 7, item 7: a failed slab write must not pin a staging buffer, nor leave the staging accounting wrong.
+@pytest.mark.parametrize("err", [errno.EIO, errno.ENOSPC])
+def test_after_one_failed_write_later_spills_of_every_kind_succeed(tmp_path, err):
+    from sglang_glm_ext.l3.disk import fail_write as _fail
+
+    ik, ipb = PayloadKind.INDEX_K, 4096
+    c = cfg(tmp_path, disks=[{"path": str(tmp_path / "disk"), "budget": 40 * (SLOT + slot_bytes_for(ipb))}],
+            queues={"staging_bytes": 4 * SLOT, "write_batch_pages": 4})
+    s = L3Store.open(c, rank=0, namespace=NS, page_bytes={K: PB, ik: ipb})
+    try:
+        s.slab(K).inject_write_fault(_fail(err))
+        assert all(s.spill(K, [key(i, "a") for i in range(4)], [page(i, "a") for i in range(4)]))
+        assert s.flush(30)
+        s.slab(K).inject_write_fault(None)
+        assert s.stats()["write_errors"] == 4
+        # The four idle target_kv buffers fill the staging cap: an index_k spill must give one back (unmap it).
+        small = [np.full(ipb, i, np.uint8) for i in range(4)]
+        assert s.spill(ik, [key(i, "b") for i in range(4)], small) == [True] * 4
+        assert s.flush(30)
+        assert all(s.spill(K, [key(i, "c") for i in range(4)], [page(i, "c") for i in range(4)]))
+        assert s.flush(30)
+        assert s.exists(ik, [key(i, "b") for i in range(4)]) == 4
+        assert s.exists(K, [key(i, "c") for i in range(4)]) == 4
+        st = s.stats()
+        assert st["data_path_errors"] == 0 and st["dropped_staging"] == 0
+        assert st["staging_bytes"] == 0 and st["staging_allocated_bytes"] <= st["staging_cap_bytes"]
+        # Accounting matches the buffers that really exist.
+        pool = s._staging
+        assert pool.allocated == sum(len(v) * pool.sizes[k] for k, v in pool._free.items())
+    finally:
+        s.close()
