@@ -207,6 +207,12 @@ class _Staged:
     cancelled: bool = False
 
 
+class _Signal(threading.Event):
+    """Completion of one control operation, with its outcome."""
+
+    ok = False
+
+
 @dataclass(frozen=True)
 class _Failure:
     """What a failed write / sync / commit was, as plain data.
@@ -829,15 +835,17 @@ class L3Store:
             self.c.data_path_errors += 1
 
     def clear(self, timeout: float = 60.0) -> bool:
-        """Drop everything this rank owns (this deployment only) and wait for it. Counters are not reset."""
-        ev = threading.Event()
+        """Drop everything this rank owns (this deployment only) and wait for it. Counters are not reset.
+        True only if everything was dropped in time; False if the index could not delete it all (the pages
+        that survive stay present and consistent) or the writer did not get to it within ``timeout``."""
+        ev = _Signal()
         with self._cond:
             for item in self._staged.values():
                 item.cancelled = True
             self._ctl_enq += 1
             self._ctl.append(("clear", None, None, ev))
             self._cond.notify()
-        return ev.wait(timeout)
+        return ev.wait(timeout) and ev.ok
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until everything spilled or freed before this call is durable (or dropped), and the writer has
@@ -1052,21 +1060,31 @@ class L3Store:
             self._reclaim_keys(kind, [(ikey, entry)], counter=None)
         while self._ctl:
             op, kind, a, b = self._ctl.popleft()
-            self._complete_batches(block=True)  # barrier: no commit of an older spill lands after this op
-            if op == "free":
-                self._free_keys(kind, a)
-            elif op == "clear":
-                self._do_clear()
-                b.set()
-            elif op == "barrier":
-                for _ in range(1_000_000):  # bounded rounds until every pool is back under its watermark
-                    if not any(st.gc_active for st in self._kinds.values()):
-                        break
-                    if not self._gc_round():
-                        break
-            with self._cond:
-                self._ctl_done += 1
-                self._cond.notify_all()
+            # Every counted operation signals completion, also when it fails: flush() waits for _ctl_done and
+            # clear() for its signal, so one failure skipping them would make every later flush/clear time out.
+            ok = False
+            try:
+                self._complete_batches(block=True)  # barrier: no commit of an older spill lands after this op
+                if op == "free":
+                    self._free_keys(kind, a)
+                elif op == "clear":
+                    ok = self._do_clear()
+                elif op == "barrier":
+                    for _ in range(1_000_000):  # bounded rounds until every pool is back under its watermark
+                        if not any(st.gc_active for st in self._kinds.values()):
+                            break
+                        if not self._gc_round():
+                            break
+            except Exception as e:
+                log.error("L3 %s failed: %s", op, _failure(e))
+                self.c.data_path_errors += 1
+            finally:
+                if op == "clear":
+                    b.ok = ok
+                    b.set()
+                with self._cond:
+                    self._ctl_done += 1
+                    self._cond.notify_all()
         for (kind, ikey), (entry, ts) in touches.items():
             st = self._kinds[kind]
             if entry.rank == self.rank and entry.disk == self.disk:
@@ -1115,23 +1133,27 @@ class L3Store:
                 elif cur is not None:
                     st.current[ikey] = cur
 
-    def _do_clear(self) -> None:
+    def _do_clear(self) -> bool:
+        """Writer thread. True if every entry of this (deployment, rank) is gone."""
         with self._cond:
             while self._queue:
                 it = self._queue.popleft()
                 self._finish_item(it)
             self._cond.notify_all()
+        ok = True
         try:
             self.index.delete_for(self.dep, self.rank)
-        except Exception:
-            log.exception("L3 clear: index delete failed")
+        except Exception as e:
+            log.error("L3 clear: index delete failed: %s", _failure(e))
             self.c.data_path_errors += 1
+            ok = False
         for st in self._kinds.values():
             st.pool.reset()
             st.heap.clear()
             st.current.clear()
             st.gc_active = False
         self._touch_pending.clear()
+        return ok
 
     # ------------------------------------------------------------------ GC
     def _heap_push(self, st: _KindState, last_access: int, ikey: bytes, slot: int) -> None:

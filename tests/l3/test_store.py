@@ -548,3 +548,41 @@ def test_after_one_failed_write_later_spills_of_every_kind_succeed(tmp_path, err
         assert pool.allocated == sum(len(v) * pool.sizes[k] for k, v in pool._free.items())
     finally:
         s.close()
+
+
+# Issue 7, found by reading: a failing control operation still completes (no later flush/clear times out), and
+# clear() says whether it cleared.
+def test_a_free_that_fails_inside_the_writer_does_not_wedge_later_flushes(store, monkeypatch):
+    spill_durable(store, range(3))
+    real = store.index.get_many
+    calls = {"n": 0}
+
+    def failing_once(keys):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected index failure inside free")
+        return real(keys)
+
+    monkeypatch.setattr(store.index, "get_many", failing_once)
+    store.free(K, [key(0)])
+    assert store.flush(5)  # before: the free never signalled completion, so every later flush timed out
+    assert store.stats()["data_path_errors"] >= 1
+    store.free(K, [key(1)])  # and the writer still serves control operations
+    assert store.flush(5)
+    assert store.exists(K, [key(1)]) == 0 and store.exists(K, [key(2)]) == 1
+
+
+def test_a_clear_that_cannot_delete_reports_false_and_later_operations_complete(store, monkeypatch):
+    spill_durable(store, range(3))
+
+    def broken(*a, **kw):
+        raise RuntimeError("injected index failure inside clear")
+
+    monkeypatch.setattr(store.index, "delete_for", broken)
+    assert store.clear(5) is False  # before: True, although nothing was cleared
+    monkeypatch.undo()
+    assert store.flush(5)
+    assert store.exists(K, [key(i) for i in range(3)]) == 3  # still present, still readable
+    out = np.zeros(PB, np.uint8)
+    assert store.reload_into(K, [key(1)], [out]) == [True] and np.array_equal(out, page(1))
+    assert store.clear(5) is True and store.exists(K, [key(0)]) == 0
