@@ -1134,7 +1134,12 @@ class L3Store:
                     st.current[ikey] = cur
 
     def _do_clear(self) -> bool:
-        """Writer thread. True if every entry of this (deployment, rank) is gone."""
+        """Writer thread. True if every entry of this (deployment, rank) is gone.
+
+        Invariant 3 holds whatever the index did: the pools are reset only to what the index still references.
+        A delete that failed or stopped partway (map full after some chunks committed) leaves entries that point
+        at this rank's slots; those slots stay allocated (and their pages present, in the GC), so they are never
+        handed out again while an entry names them."""
         with self._cond:
             while self._queue:
                 it = self._queue.popleft()
@@ -1147,13 +1152,37 @@ class L3Store:
             log.error("L3 clear: index delete failed: %s", _failure(e))
             self.c.data_path_errors += 1
             ok = False
+        survivors: list[tuple[bytes, IndexEntry]] = []
+        if not ok:
+            try:
+                survivors = [(k, e) for k, e in self.index.scan(self.dep).items if e.rank == self.rank]
+            except Exception as e:
+                # What survived is unknown: keep every slot as it is (a leak until the next cold start) rather
+                # than free a slot an entry may still name.
+                log.error("L3 clear: cannot list surviving entries, keeping every slot: %s", _failure(e))
+                return False
         for st in self._kinds.values():
-            st.pool.reset()
-            st.heap.clear()
-            st.current.clear()
-            st.gc_active = False
+            self._rebuild_kind(st, [(k, e) for k, e in survivors if k[24] == int(st.kind)])
         self._touch_pending.clear()
         return ok
+
+    def _rebuild_kind(self, st: _KindState, entries: list[tuple[bytes, IndexEntry]]) -> None:
+        """Pool, LRU map and heap of one kind := exactly the given entries of this rank that name this disk.
+        Entries of another namespace keep their slot allocated without joining the GC (reclaimed at the next
+        cold start, which drops other namespaces)."""
+        live, current = set(), {}
+        for k, e in entries:
+            if e.disk != self.disk or not 0 <= e.slot < st.num_slots or e.slot in live:
+                continue
+            live.add(e.slot)
+            if k[8:24] == self.ns:
+                current[k] = (e.last_access, e.slot)
+        st.pool.rebuild_from_allocated(sorted(live))
+        st.current = current
+        st.heap = [(la, j, k, sl) for j, (k, (la, sl)) in enumerate(current.items(), start=self._gc_seq + 1)]
+        self._gc_seq += len(st.heap)
+        heapq.heapify(st.heap)
+        st.gc_active = False
 
     # ------------------------------------------------------------------ GC
     def _heap_push(self, st: _KindState, last_access: int, ikey: bytes, slot: int) -> None:

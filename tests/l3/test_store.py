@@ -586,3 +586,32 @@ def test_a_clear_that_cannot_delete_reports_false_and_later_operations_complete(
     out = np.zeros(PB, np.uint8)
     assert store.reload_into(K, [key(1)], [out]) == [True] and np.array_equal(out, page(1))
     assert store.clear(5) is True and store.exists(K, [key(0)]) == 0
+
+
+def test_a_clear_that_stops_partway_keeps_the_slots_of_the_surviving_entries(store, monkeypatch):
+    """Found by reading: clear reset the slot pools even when the index delete stopped partway (map full), so
+    slots that surviving entries point at were handed out again."""
+    import lmdb
+
+    spill_durable(store, range(10))
+    real = store.index.delete_for
+
+    def half_then_full(dep, rank, *a, **kw):
+        ours = sorted(k for k, e in store.index.iter_prefix(dep) if e.rank == rank)
+        with store.index.env.begin(db=store.index.db, write=True) as txn:
+            for k in ours[:5]:
+                txn.delete(k)
+        raise lmdb.MapFullError("injected: map full after the first chunk")
+
+    monkeypatch.setattr(store.index, "delete_for", half_then_full)
+    assert store.clear(5) is False
+    monkeypatch.setattr(store.index, "delete_for", real)
+    survivors = [i for i in range(10) if store.exists(K, [key(i)])]
+    assert len(survivors) == 5
+    assert store.stats()["slots"]["target_kv"]["used"] == 5  # their slots stay allocated
+    spill_durable(store, range(100, 120))  # new pages take free slots only
+    assert all(store.reload_into(K, [key(i)], [np.zeros(PB, np.uint8)]) == [True] for i in survivors)
+    dst = [np.zeros(PB, np.uint8) for _ in survivors]
+    assert store.reload_into(K, [key(i) for i in survivors], dst) == [True] * 5
+    assert all(np.array_equal(d, page(i)) for d, i in zip(dst, survivors))
+    assert store.exists(K, [key(i) for i in range(100, 120)]) == 20
