@@ -33,7 +33,7 @@ from typing import Callable
 
 from .aligned import AlignedBuffer, buffer_address
 from .format import BLOCK, HEADER_SIZE, round_up
-from .fsutil import make_private_dirs
+from .fsutil import fsync_dir, make_private_dirs
 from .plp import PlpReport, PlpRequiredError, check_plp, probe_plp  # noqa: F401  (re-exported for the store)
 
 __all__ = [
@@ -192,6 +192,11 @@ class DiskSlab:
                     f"L3 slab {path} is {current} B but the config asks for {num_slots} slots x {slot_bytes} B = "
                     f"{size} B; delete the file (its cached pages are lost) or restore the old geometry")
             prealloc, prealloc_reason = cls._preallocate(fd, path, size, created=not existed)
+            if not existed:
+                # A new slab's size / extents and its name must be durable before any index entry points into
+                # it: fsync the file's metadata, then the directory that holds its name.
+                os.fsync(fd)
+                fsync_dir(os.path.dirname(path))
             io_mode, fallback_reason = cls._choose_io_mode(fd, path, direct)
         except BaseException:
             os.close(fd)

@@ -21,7 +21,8 @@ def make_private_dirs(path: str) -> list[str]:
     """Create the missing directories of ``path`` (``path`` included) 0700; return them, outermost first.
 
     Each is chmod-ed right after its own mkdir, so the umask cannot make it differ from 0700 (``os.makedirs``
-    gives intermediate directories 0777 & ~umask). Existing directories are left exactly as they are.
+    gives intermediate directories 0777 & ~umask). Existing directories are left exactly as they are. The
+    parent of every directory created here is fsynced, so the new names survive a power cut.
     """
     path = os.path.abspath(path)
     missing = []
@@ -40,6 +41,8 @@ def make_private_dirs(path: str) -> list[str]:
             continue  # another process created it first: theirs, left alone
         os.chmod(d, 0o700)
         created.append(d)
+    for d in created:  # each new name lives in its parent's directory data
+        fsync_dir(os.path.dirname(d))
     return created
 
 

@@ -34,7 +34,7 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import lmdb
 
-from .fsutil import make_private_dirs
+from .fsutil import fsync_dir, make_private_dirs
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +224,8 @@ class L3Index:
                 raise OSError(f"L3 index: cannot open LMDB environment at {path!r}: {e}") from e
             try:
                 _check_data_file(env, path)
+                if not readonly:
+                    fsync_dir(path)  # data.mdb / lock.mdb may have just been created: make their names durable
             except BaseException:
                 env.close()
                 raise

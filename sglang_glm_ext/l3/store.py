@@ -42,7 +42,7 @@ import numpy as np
 from .. import envs
 from .aligned import AlignedBuffer, is_aligned
 from .config import L3Config, L3ConfigError
-from .fsutil import make_private_dirs
+from .fsutil import fsync_dir, make_private_dirs
 from .format import (
     FORMAT_VERSION,
     HEADER_SIZE,
@@ -154,6 +154,7 @@ def _write_meta(path: str, meta: dict) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path + ".meta.json")
+    fsync_dir(os.path.dirname(path))  # the rename, and a slab file created just before, are durable now
 
 
 class ReadOnlySlab:

@@ -615,3 +615,30 @@ def test_a_clear_that_stops_partway_keeps_the_slots_of_the_surviving_entries(sto
     assert store.reload_into(K, [key(i) for i in survivors], dst) == [True] * 5
     assert all(np.array_equal(d, page(i)) for d, i in zip(dst, survivors))
     assert store.exists(K, [key(i) for i in range(100, 120)]) == 20
+
+
+def test_open_fsyncs_every_directory_whose_entries_it_created(tmp_path, monkeypatch):
+    """Found by reading: a new slab, sidecar, index file or directory is durable only once its parent directory
+    is fsynced; index entries that point into a slab whose name a power cut lost would be lost pages."""
+    import stat as _stat
+
+    synced = []
+    real = os.fsync
+
+    def spy(fd):
+        if _stat.S_ISDIR(os.fstat(fd).st_mode):
+            synced.append(os.path.realpath(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    s = L3Store.open(cfg(tmp_path), rank=0, namespace=NS, page_bytes={K: PB})
+    try:
+        spill_durable(s, [0])
+    finally:
+        s.close()
+    root = os.path.realpath(tmp_path)
+    want = {root,                                   # disk/ and index/ were created in it
+            f"{root}/disk", f"{root}/disk/t",       # the deployment and rank directories
+            f"{root}/disk/t/rank0",                 # the slab file and its sidecar (renamed into place)
+            f"{root}/index"}                        # data.mdb and lock.mdb
+    assert want <= set(synced), sorted(want - set(synced))
