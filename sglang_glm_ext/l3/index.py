@@ -197,6 +197,7 @@ class L3Index:
         self.db = env.open_db(_DB_NAME, create=not readonly)
         self.index_full = 0  # puts refused because the map is full (monotonic)
         self.damage_seen = 0  # scans that found keys out of order or malformed values (monotonic)
+        self.stale_readers_cleared = 0  # reader slots of dead processes this handle cleared (monotonic)
 
     @classmethod
     def open(cls, path: str, map_size: int, *, readonly: bool = False, max_readers: int = 1024) -> "L3Index":
@@ -209,7 +210,9 @@ class L3Index:
             if shared is not None:
                 _check_data_file(shared[0], path)  # cheap (one stat): a file cut since the first open is refused too
                 shared[1] += 1
-                return cls(shared[0], path, map_size, readonly)
+                ix = cls(shared[0], path, map_size, readonly)
+                ix.reader_check()
+                return ix
             if not readonly:
                 # Missing directories owner-only; an existing index.path keeps the mode its operator gave it.
                 make_private_dirs(path)
@@ -230,7 +233,9 @@ class L3Index:
                 env.close()
                 raise
             _ENVS[path] = [env, 1]
-        return cls(env, path, map_size, readonly)
+            ix = cls(env, path, map_size, readonly)
+        ix.reader_check()
+        return ix
 
     # ------------------------------------------------------------------ reads
     def get(self, key: bytes) -> IndexEntry | None:
@@ -342,8 +347,8 @@ class L3Index:
         rank or an earlier spill stored the same page first: the caller frees its own slot). Returns ``None``
         overall when the map is full: the transaction is aborted and nothing of the batch is present.
         """
-        out: list[IndexEntry | None] = []
-        try:
+        def txn_body():
+            out: list[IndexEntry | None] = []
             with self.env.begin(db=self.db, write=True) as txn:
                 for key, entry in items:
                     packed = entry.pack()
@@ -355,9 +360,39 @@ class L3Index:
                         txn.put(key, packed)
                     out.append(cur)
             return out
+
+        try:
+            return self._retry_after_reader_check(txn_body)
         except lmdb.MapFullError:
             self.index_full += len(items)
             return None
+
+    def _retry_after_reader_check(self, txn_body):
+        """Run a write transaction; on a full map, clear dead processes' reader slots and, if any were cleared
+        (their pinned snapshots kept pages from being reused), try once more. MapFullError propagates."""
+        try:
+            return txn_body()
+        except lmdb.MapFullError:
+            if not self.reader_check():
+                raise
+        return txn_body()
+
+    def reader_check(self) -> int:
+        """Clear reader-table slots left by processes that no longer exist (LMDB's ``mdb_reader_check``).
+
+        A SIGKILLed rank leaves its slot, and LMDB resets its reader table only when no process has the
+        environment open -- never while other ranks run. A stale slot pins the snapshot it was reading (no page
+        that snapshot can see is reused, so the file grows towards map full) and holds one of ``max_readers``.
+        Called at every open, periodically by each store's writer, and before a full map is reported.
+        Returns the slots cleared."""
+        try:
+            n = int(self.env.reader_check())
+        except lmdb.Error:
+            return 0
+        if n:
+            self.stale_readers_cleared += n
+            log.warning("L3 index %s: cleared %d reader slot(s) of dead processes", self.path, n)
+        return n
 
     def delete(self, key: bytes) -> bool:
         try:
@@ -391,8 +426,8 @@ class L3Index:
         (another rank touched it; the GC re-queues it instead of reclaiming). Returns per item True (deleted),
         False (absent or points elsewhere) or the newer entry; ``None`` if LMDB could not commit (map full).
         """
-        out: list[bool | IndexEntry] = []
-        try:
+        def txn_body():
+            out: list[bool | IndexEntry] = []
             with self.env.begin(db=self.db, write=True) as txn:
                 for key, expect in items:
                     cur = IndexEntry.decode(txn.get(key))
@@ -404,6 +439,9 @@ class L3Index:
                         txn.delete(key)
                         out.append(True)
             return out
+
+        try:
+            return self._retry_after_reader_check(txn_body)
         except lmdb.MapFullError:
             return None
 

@@ -63,6 +63,7 @@ __all__ = ["L3Store", "L3StoreError", "L3OwnerLockedError", "ReadOnlySlab", "sla
 
 _TOUCH_PERSIST_INTERVAL_S = 1.0  # reload touches reach the shared index at most this often (coalesced)
 _MAX_BATCH_WAIT_S = 0.002  # writer waits this long for a batch to fill before writing what it has
+_READER_CHECK_INTERVAL_S = 30.0  # the writer clears dead processes' LMDB reader slots at most this often
 _HEAP_SLACK = 64  # GC heap items allowed beyond 2x the live pages before a compaction
 
 
@@ -483,6 +484,7 @@ class L3Store:
         self._touch_in: dict[tuple[PayloadKind, bytes], tuple[IndexEntry, int]] = {}
         self._bad_in: dict[tuple[PayloadKind, bytes], IndexEntry] = {}
         self._touch_flushed_at = time.monotonic()
+        self._reader_checked_at = time.monotonic()
         self._gc_seq = 0
         self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"l3-io-r{rank}")
         self._reload_pool = ThreadPoolExecutor(config.reload_threads, thread_name_prefix=f"l3-rd-r{rank}")
@@ -883,7 +885,8 @@ class L3Store:
                 while (not self._queue and not self._ctl and not self._stop and not self._completed
                        and not self._touch_in and not self._bad_in
                        and not any(s.gc_active for s in self._kinds.values())):
-                    self._cond.wait(0.5 if (self._touch_pending or self._commits_inflight) else None)
+                    self._cond.wait(0.5 if (self._touch_pending or self._commits_inflight)
+                                    else _READER_CHECK_INTERVAL_S)
                     if self._touch_pending or self._commits_inflight:
                         break
                 if self._stop and not self._queue and not self._ctl and not self._commits_inflight:
@@ -900,6 +903,7 @@ class L3Store:
                     self._submit_batch(batch)
                     batch = []
                 self._maybe_persist_touches()
+                self._maybe_reader_check()
             except Exception:  # the writer must outlive any single failure
                 log.exception("L3 writer round failed")
                 self.c.data_path_errors += 1
@@ -1096,6 +1100,13 @@ class L3Store:
             # Persist for other ranks' GC (and for a later `load`), coalesced.
             self._touch_pending[ikey] = max(ts, self._touch_pending.get(ikey, 0))
 
+    def _maybe_reader_check(self) -> None:
+        """Clear dead processes' LMDB reader slots now and then (a SIGKILLed rank's slot pins old pages)."""
+        now = time.monotonic()
+        if now - self._reader_checked_at >= _READER_CHECK_INTERVAL_S:
+            self._reader_checked_at = now
+            self.index.reader_check()
+
     def _maybe_persist_touches(self, force: bool = False) -> None:
         if not self._touch_pending:
             return
@@ -1271,6 +1282,8 @@ class L3Store:
         }
         out.update(vars(self.c))
         out["index_full"] += self.index.index_full if self.index else 0
+        out["index_stale_readers_cleared"] = self.index.stale_readers_cleared if self.index else 0
+        out["index_damage_seen"] = self.index.damage_seen if self.index else 0
         return out
 
     def close(self, timeout: float = 30.0) -> None:

@@ -294,3 +294,58 @@ def test_an_intact_index_is_scanned_without_a_full_walk(tmp_path):
         assert ix.scan(deployment_tag("nobody")).items == []
     finally:
         ix.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 7, found by reading: a SIGKILLed rank leaves its LMDB reader slot behind. While other ranks keep the
+# environment open LMDB does not reset its reader table, and a stale reader pins an old snapshot (no page it
+# could see is ever reused: the file grows towards map full) and holds one of max_readers slots.
+_READER_CHILD = textwrap.dedent("""
+    import sys, time
+    from sglang_glm_ext.l3.index import L3Index
+    ix = L3Index.open(sys.argv[1], 2**24)
+    txn = ix.env.begin()
+    txn.get(b"k" * 57)
+    print("READING", flush=True)
+    time.sleep(120)
+""")
+
+
+def _reader_pids(ix):
+    rows = ix.env.readers().splitlines()[1:]
+    return {int(r.split()[0]) for r in rows if r.strip()}
+
+
+def test_the_reader_slot_of_a_killed_rank_is_cleared_when_a_store_opens(tmp_path):
+    import signal
+
+    from sglang_glm_ext.l3.config import L3Config
+    from sglang_glm_ext.l3.format import Namespace, PayloadKind
+    from sglang_glm_ext.l3.store import L3Store
+
+    live = L3Index.open(str(tmp_path / "index"), 2**24)  # another rank that stays up the whole time
+    script = tmp_path / "reader.py"
+    script.write_text(_READER_CHILD)
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "index")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "READING", proc.stderr.read()
+        assert proc.pid in _reader_pids(live)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        assert proc.pid in _reader_pids(live)  # LMDB keeps the dead reader while others have the env open
+        cfg = L3Config.from_dict({"deployment_id": "t", "disks": [{"path": str(tmp_path / "disk"), "budget": "1MiB"}],
+                                  "index": {"path": str(tmp_path / "index"), "map_size": 2**24}})
+        s = L3Store.open(cfg, rank=0, namespace=Namespace("m", "bf16", "page_first", 64, 0, 1, "tp0"),
+                         page_bytes={PayloadKind.TARGET_KV: 4096})
+        try:
+            assert proc.pid not in _reader_pids(live)
+            assert s.index.stale_readers_cleared >= 1
+        finally:
+            s.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        live.close()
