@@ -206,12 +206,15 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
             _close(hbuf)
 
         if repair and to_drop:
-            # Conditional on the location (a live server's newer write survives); by position in a damaged index,
-            # where a key search may not find them. An entry already gone (freed meanwhile) counts as repaired.
-            if idx.delete_scanned(to_drop, damaged=bool(scan.damaged)) is None:
+            # Exact: only the entry version this scan judged is dropped, so a live server's newer commit of the
+            # same page (even into the same slot) survives. By position in a damaged index, where a key search
+            # may not find them. An entry gone since the scan counts as repaired; one rewritten since does not
+            # (the next fsck judges its new version).
+            if idx.delete_scanned(to_drop, damaged=bool(scan.damaged), exact=True) is None:
                 _note(rep, "index map full while repairing; enlarge index.map_size", max_problems)
             else:
-                rep.repaired += len(to_drop)
+                still = idx.get_many([k for k, _ in to_drop])
+                rep.repaired += sum(1 for now in still if now is None)
     finally:
         idx.close()
     return rep

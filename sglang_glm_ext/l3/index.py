@@ -401,16 +401,17 @@ class L3Index:
         except lmdb.MapFullError:
             return False
 
-    def delete_scanned(self, items: Sequence[tuple[bytes, IndexEntry]], *, damaged: bool) -> int | None:
-        """Conditionally delete entries that a :meth:`scan` returned (same location only). After a scan that
-        found damage, by position (a key search may not find them); else like :meth:`delete_if`, chunked.
-        Returns the count deleted, or None when the map is full."""
+    def delete_scanned(self, items: Sequence[tuple[bytes, IndexEntry]], *, damaged: bool, exact: bool = False
+                       ) -> int | None:
+        """Conditionally delete entries that a :meth:`scan` returned (same location; with ``exact`` the same
+        entry, see :meth:`delete_if`). After a scan that found damage, by position (a key search may not find
+        them); else like :meth:`delete_if`, chunked. Returns the count deleted, or None when the map is full."""
         try:
             if damaged:
-                return self._delete_by_walk(dict(items))
+                return self._delete_by_walk(dict(items), exact=exact)
             n = 0
             for i in range(0, len(items), 4096):
-                res = self.delete_if(items[i:i + 4096])
+                res = self.delete_if(items[i:i + 4096], exact=exact)
                 if res is None:
                     return None
                 n += sum(1 for r in res if r is True)
@@ -418,20 +419,23 @@ class L3Index:
         except lmdb.MapFullError:
             return None
 
-    def delete_if(self, items: Sequence[tuple[bytes, IndexEntry]], *, newer_than_wins: bool = False
-                  ) -> list[bool | IndexEntry] | None:
+    def delete_if(self, items: Sequence[tuple[bytes, IndexEntry]], *, newer_than_wins: bool = False,
+                  exact: bool = False) -> list[bool | IndexEntry] | None:
         """Conditional delete in one transaction: remove ``key`` only if its entry still names the same location.
 
         With ``newer_than_wins`` an entry whose stored last_access is newer than the given one is kept and returned
-        (another rank touched it; the GC re-queues it instead of reclaiming). Returns per item True (deleted),
-        False (absent or points elsewhere) or the newer entry; ``None`` if LMDB could not commit (map full).
+        (another rank touched it; the GC re-queues it instead of reclaiming). With ``exact`` the whole entry must
+        match, last_access included: a caller that saw the entry some time ago (a reader's verify failure, fsck)
+        deletes only that very commit, never a newer commit of the same page into the same slot (which has a
+        later last_access). Returns per item True (deleted), False (absent, points elsewhere, or another
+        version) or the newer entry; ``None`` if LMDB could not commit (map full).
         """
         def txn_body():
             out: list[bool | IndexEntry] = []
             with self.env.begin(db=self.db, write=True) as txn:
                 for key, expect in items:
                     cur = IndexEntry.decode(txn.get(key))
-                    if cur is None or not cur.same_location(expect):
+                    if cur is None or not cur.same_location(expect) or (exact and cur != expect):
                         out.append(False)
                     elif newer_than_wins and cur.last_access > expect.last_access:
                         out.append(cur)
@@ -479,7 +483,7 @@ class L3Index:
                         n += 1
         return n
 
-    def _delete_by_walk(self, want: "dict[bytes, IndexEntry | None]") -> int:
+    def _delete_by_walk(self, want: "dict[bytes, IndexEntry | None]", exact: bool = False) -> int:
         """Delete the records whose key is in ``want`` (and, where ``want[key]`` is an entry, whose value still
         names its location) by walking the whole database in page order in ONE write transaction: no key search,
         so a damaged page cannot hide a record. Used only when a scan found damage. Returns records deleted."""
@@ -494,7 +498,8 @@ class L3Index:
                 if k in want:
                     expect = want[k]
                     cur_e = IndexEntry.decode(cur.value())
-                    if expect is None or (cur_e is not None and cur_e.same_location(expect)):
+                    if expect is None or (cur_e is not None and cur_e.same_location(expect)
+                                          and (not exact or cur_e == expect)):
                         cur.delete()  # moves to the next record; an empty key means past the end
                         n += 1
                         ok = bool(cur.key())

@@ -1062,7 +1062,9 @@ class L3Store:
             touches, self._touch_in = self._touch_in, {}
             bads, self._bad_in = self._bad_in, {}
         for (kind, ikey), entry in bads.items():
-            self._reclaim_keys(kind, [(ikey, entry)], counter=None)
+            # exact: the reader saw this entry some time ago; only that very commit is known to be bad, never a
+            # newer commit of the same page into the same slot.
+            self._reclaim_keys(kind, [(ikey, entry)], counter=None, exact=True)
         while self._ctl:
             op, kind, a, b = self._ctl.popleft()
             # Every counted operation signals completion, also when it fails: flush() waits for _ctl_done and
@@ -1124,11 +1126,12 @@ class L3Store:
         entries = self.index.get_many(ikeys)
         self._reclaim_keys(kind, [(k, e) for k, e in zip(ikeys, entries) if e is not None], counter="freed")
 
-    def _reclaim_keys(self, kind: PayloadKind, items: list[tuple[bytes, IndexEntry]], counter: str | None) -> None:
-        """Conditionally delete entries (same location only), commit, THEN free the slots we own."""
+    def _reclaim_keys(self, kind: PayloadKind, items: list[tuple[bytes, IndexEntry]], counter: str | None,
+                      exact: bool = False) -> None:
+        """Conditionally delete entries (same location; ``exact``: same entry), commit, THEN free our slots."""
         if not items:
             return
-        res = self.index.delete_if(items)
+        res = self.index.delete_if(items, exact=exact)
         if res is None:
             self.c.index_full += 1
             return

@@ -642,3 +642,42 @@ def test_open_fsyncs_every_directory_whose_entries_it_created(tmp_path, monkeypa
             f"{root}/disk/t/rank0",                 # the slab file and its sidecar (renamed into place)
             f"{root}/index"}                        # data.mdb and lock.mdb
     assert want <= set(synced), sorted(want - set(synced))
+
+
+def test_a_stale_verify_failure_never_deletes_a_newer_entry_for_the_same_slot(store, monkeypatch):
+    """Found by reading: a reader looks up X (entry E1 at slot s), X is freed and stored again into the same
+    slot (entry E2: same location, newer commit), and the reader's read of s is torn. Its verify failure names
+    E1; the reclaim matched on location only, so it deleted E2, a valid durable page."""
+    from sglang_glm_ext.l3 import store as store_mod
+
+    spill_durable(store, [7])
+    e1 = store.index.get(store._ikey(K, bytes.fromhex(key(7))))
+    store.free(K, [key(7)])
+    assert store.flush(30)
+    spill_durable(store, [7])  # LIFO pool: the same slot again
+    e2 = store.index.get(store._ikey(K, bytes.fromhex(key(7))))
+    assert e2.slot == e1.slot and e2.last_access > e1.last_access
+
+    real_get_many, real_read = store.index.get_many, store_mod.ReadOnlySlab.read_slot_into
+    monkeypatch.setattr(store.index, "get_many", lambda keys: [e1])  # the reader's snapshot from before the free
+
+    def torn(self, slot, dst, nbytes):
+        got = real_read(self, slot, dst, nbytes)
+        dst.view[HEADER_SIZE + 5] ^= 0xFF  # read raced a rewrite: the payload checksum fails
+        return got
+
+    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_slot_into", torn)
+    assert store.reload_into(K, [key(7)], [np.zeros(PB, np.uint8)]) == [False]
+    monkeypatch.setattr(store.index, "get_many", real_get_many)
+    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_slot_into", real_read)
+    assert store.flush(30)
+    assert store.stats()["verify_failures"] == 1
+    assert store.index.get(store._ikey(K, bytes.fromhex(key(7)))) == e2  # the newer entry survived
+    out = np.zeros(PB, np.uint8)
+    assert store.reload_into(K, [key(7)], [out]) == [True] and np.array_equal(out, page(7))
+    # A verify failure against the CURRENT entry still reclaims it (the slot really holds bad bytes).
+    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_slot_into", torn)
+    assert store.reload_into(K, [key(7)], [np.zeros(PB, np.uint8)]) == [False]
+    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_slot_into", real_read)
+    assert store.flush(30)
+    assert store.exists(K, [key(7)]) == 0 and store.stats()["slots"]["target_kv"]["used"] == 0
