@@ -163,40 +163,59 @@ class ReadOnlySlab:
 
     The writer's exclusive flock stays with the owning ``DiskSlab``; readers never take it, so every rank can read
     every other rank's blobs while they run. O_DIRECT when the file system allows it, buffered otherwise.
-    Thread-safe: positional reads only.
+    Thread-safe: positional reads only. Invariant: no descriptor a reader thread may be using is closed before
+    :meth:`close`. The O_DIRECT fallback therefore opens a second, buffered descriptor and switches new reads to
+    it; the O_DIRECT one stays open (a read in flight on it finishes on the right file) until close. Closing and
+    reopening instead would free the number for any concurrent ``open`` in the process, and a read in flight
+    would then read that other file.
     """
 
     def __init__(self, path: str, slot_bytes: int):
         self.path = path
         self.slot_bytes = slot_bytes
+        self._lock = threading.Lock()
+        self._spare: list[int] = []  # descriptors no longer handed to new reads, still open until close()
         flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
         try:
-            self.fd = os.open(path, flags | os.O_DIRECT)
+            self._fd = os.open(path, flags | os.O_DIRECT)
             self.direct = True
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
-            self.fd = os.open(path, flags)
+            self._fd = os.open(path, flags)
             self.direct = False
+
+    @property
+    def fd(self) -> int:
+        return self._fd
 
     def read_slot_into(self, slot: int, dst: AlignedBuffer, nbytes: int) -> int:
         """Read ``nbytes`` (a BLOCK multiple) of ``slot`` into the aligned ``dst``. Returns bytes read."""
         mv = dst.view[:nbytes]
+        fd, direct = self._fd, self.direct
         try:
-            return os.preadv(self.fd, [mv], slot * self.slot_bytes)
+            return os.preadv(fd, [mv], slot * self.slot_bytes)
         except OSError as e:
-            if self.direct and e.errno == errno.EINVAL:
-                # Some file systems accept O_DIRECT at open but refuse the transfer: fall back once, for good.
-                os.close(self.fd)
-                self.fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            # Some file systems accept O_DIRECT at open but refuse the transfer: fall back once, for good.
+            if not (direct and e.errno == errno.EINVAL):
+                raise
+        return os.preadv(self._buffered_fd(), [mv], slot * self.slot_bytes)
+
+    def _buffered_fd(self) -> int:
+        with self._lock:
+            if self.direct:
+                buffered = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                self._spare.append(self._fd)
+                self._fd = buffered
                 self.direct = False
-                return os.preadv(self.fd, [mv], slot * self.slot_bytes)
-            raise
+            return self._fd
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        with self._lock:
+            fds = [fd for fd in [self._fd, *self._spare] if fd >= 0]
+            self._fd, self._spare = -1, []
+        for fd in fds:
+            os.close(fd)
 
 
 @dataclass

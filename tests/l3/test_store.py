@@ -681,3 +681,70 @@ def test_a_stale_verify_failure_never_deletes_a_newer_entry_for_the_same_slot(st
     monkeypatch.setattr(store_mod.ReadOnlySlab, "read_slot_into", real_read)
     assert store.flush(30)
     assert store.exists(K, [key(7)]) == 0 and store.stats()["slots"]["target_kv"]["used"] == 0
+
+
+def test_the_read_only_slab_falls_back_from_o_direct_without_closing_a_descriptor_in_use(tmp_path, monkeypatch):
+    """Found by reading: on EINVAL the read-only slab closed its O_DIRECT descriptor and reopened it while other
+    reader threads might be inside a read on it. Between the close and the reopen any other open in the process
+    can take the freed number, so a reader in flight reads some other file."""
+    import errno as _errno
+
+    from sglang_glm_ext.l3.aligned import AlignedBuffer
+    from sglang_glm_ext.l3.store import ReadOnlySlab
+
+    slab = tmp_path / "x.slab"
+    want = np.random.default_rng(3).integers(0, 256, 2 * 4096, dtype=np.uint8)
+    slab.write_bytes(want.tobytes())
+    decoy = tmp_path / "decoy"
+    decoy.write_bytes(b"\xee" * 2 * 4096)
+    rd = ReadOnlySlab(str(slab), 4096)
+    if not rd.direct:
+        rd.close()
+        pytest.skip("this file system refuses O_DIRECT at open; the fallback race needs it to accept the flag")
+    direct_fd = rd.fd
+    b_inside, a_done = threading.Event(), threading.Event()
+    real_preadv, real_open = os.preadv, os.open
+    decoys = []
+
+    def preadv(fd, bufs, offset):
+        me = threading.current_thread().name
+        if me == "B" and fd == direct_fd:
+            b_inside.set()
+            a_done.wait(10)
+            return real_preadv(fd, bufs, offset)  # the number B took before A's fallback
+        if me == "A" and fd == direct_fd:
+            raise OSError(_errno.EINVAL, "injected: O_DIRECT transfer refused")
+        return real_preadv(fd, bufs, offset)
+
+    def open_(path, flags, *a):
+        if threading.current_thread().name == "A" and os.fspath(path) == str(slab):
+            decoys.append(real_open(str(decoy), os.O_RDONLY))  # another thread's open lands in between
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    monkeypatch.setattr(os, "open", open_)
+    got = {}
+
+    def reader(name, slot):
+        buf = AlignedBuffer(4096)
+        if name == "A":
+            b_inside.wait(10)
+        rd.read_slot_into(slot, buf, 4096)
+        got[name] = bytes(buf.view)
+        if name == "A":
+            a_done.set()
+
+    ta = threading.Thread(target=reader, args=("A", 0), name="A")
+    tb = threading.Thread(target=reader, args=("B", 1), name="B")
+    tb.start()
+    ta.start()
+    ta.join(20)
+    tb.join(20)
+    monkeypatch.undo()
+    try:
+        assert got["A"] == want[:4096].tobytes() and not rd.direct  # A fell back to buffered reads
+        assert got["B"] == want[4096:].tobytes()  # B's read in flight still read the slab, not the decoy
+    finally:
+        rd.close()
+        for fd in decoys:
+            os.close(fd)
