@@ -13,13 +13,18 @@ Threads and ownership (plan once, run without decisions):
 Invariants (the crash-safety argument is in docs_internal/l3_design.md):
 
 1. A page is present (``exists`` counts it, ``reload`` may return it) only once its index entry is committed,
-   and an entry is committed only after the payload's fdatasync returned.
+   and an entry is committed only after the payload's fdatasync returned (and the slab's name is durable).
 2. Reclaim (GC, free, verify failure) deletes the index entry, commits, and only then frees the slot: a reader
    that looked the entry up earlier reads either the old blob or a newer one whose header names a different
-   page (verify -> miss). It never gets another page's bytes.
-3. After a ``load`` cold start every slot the index references for this rank is allocated in its pool; the pool
-   only hands out slots no entry points at.
-4. Data-path calls never raise: a failure is a miss plus a counter. Bad configuration raises at ``open``.
+   page (verify -> miss). It never gets another page's bytes. A verify-failure reclaim deletes only the exact
+   entry the reader saw, never a newer commit of the same page into the same slot.
+3. Every slot an index entry of this rank references is allocated in its pool: after a ``load`` cold start and
+   after a runtime ``clear`` (also one the index could only do in part); the pool only hands out free slots.
+4. Data-path calls never raise: a failure is a miss plus a counter, and one bad element (key, destination,
+   index value) costs only its own page. Bad configuration raises at ``open``.
+5. A blob is checked against the page asked for AND this deployment (``Namespace.digest_for``); reload returns
+   True only when the verified bytes are in the caller's own buffer (C-contiguous, writable, large enough).
+6. One live store per (index, deployment, rank), on the node and in the process (``OwnerLock``).
 """
 
 from __future__ import annotations
