@@ -220,3 +220,22 @@ def test_load_accounts_for_every_entry_after_a_damaged_key(tmp_path):
         assert len(reachable) >= 25 and reads_back(s, reachable, salt="dep")
     finally:
         s.close()
+
+
+def test_slabs_of_a_build_without_deployment_identity_become_misses_and_are_reclaimed(tmp_path, monkeypatch):
+    """The upgrade policy in l3_format.md: blobs sealed with the namespace digest alone (earlier builds) never
+    verify now; the first cold start drops their entries and gives their slots back."""
+    monkeypatch.setattr(Namespace, "digest_for", lambda self, dep: self.digest())  # the previous build
+    old = opened(tmp_path, "clear")
+    spill(old, range(6))
+    old.close()
+    monkeypatch.undo()
+    for mode in ("load", "clear"):
+        s = opened(tmp_path, mode)
+        try:
+            assert s.loaded_pages == 0 and s.stats()["slots"]["target_kv"]["used"] == 0
+            assert s.index.count() == 0  # the old entries are reclaimed, not left behind
+            assert s.exists(K, [key(0)]) == 0
+            assert s.reload_into(K, [key(0)], [np.zeros(PB, np.uint8)]) == [False]
+        finally:
+            s.close()
