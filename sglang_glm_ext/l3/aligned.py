@@ -1,8 +1,11 @@
-"""Page-aligned host buffers for O_DIRECT transfers, and address helpers for plain buffers.
+"""Page-aligned host buffers for O_DIRECT transfers, and the views every other module takes of a buffer.
 
 O_DIRECT needs the memory address, the file offset and the length aligned to the device's block size; an
 anonymous mmap is page-aligned (4 KiB, a multiple of every block size we meet), which is why it is used here
 instead of a bytearray (whose address is only 16-byte aligned).
+
+``byte_view`` (a flat memoryview: checksums, slab I/O) and ``page_array`` (a flat uint8 array over a page's own
+memory: the store's copies) are the only places that turn "any buffer" into bytes.
 """
 
 from __future__ import annotations
@@ -89,3 +92,31 @@ class AlignedBuffer:
             self.close()
         except Exception:
             pass
+
+
+def byte_view(buf) -> memoryview:
+    """A flat, 1-D unsigned-byte view of ``buf`` (an AlignedBuffer or any C-contiguous buffer); ValueError for a
+    strided buffer (its bytes in memory order are not its logical bytes)."""
+    view = buf.view if isinstance(buf, AlignedBuffer) else memoryview(buf)
+    if not view.c_contiguous:
+        raise ValueError("buffer must be C-contiguous")
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def page_array(obj, *, writable: bool) -> np.ndarray:
+    """A flat uint8 array over ``obj``'s OWN memory, in memory order; ValueError/TypeError for anything else.
+
+    A page is a buffer's bytes in memory order. Only a C-contiguous buffer has its memory order equal to its
+    logical order, so only such a buffer qualifies, on spill and on reload alike: for a Fortran-ordered or strided
+    array numpy's ``reshape(-1)`` returns a copy, and a reload written into that copy would be acknowledged while
+    the caller's array stays untouched (issue 7, item 1).
+    """
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.c_contiguous:
+            raise ValueError("array is not C-contiguous (Fortran order or a strided slice)")
+        flat = obj.reshape(-1).view(np.uint8)
+    else:
+        flat = np.frombuffer(byte_view(obj), dtype=np.uint8)
+    if writable and not flat.flags.writeable:
+        raise ValueError("buffer is read-only")
+    return flat

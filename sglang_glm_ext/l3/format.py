@@ -22,7 +22,8 @@ Header fields (offsets in bytes):
 
 Invariant kept by every reader here: a blob is returned only if magic, version, header checksum, kind, content
 hash, namespace, length and payload checksum all match what the caller asked for; anything else is a miss with a
-reason, never bytes and never an exception. See docs_internal/l3_format.md for the crash-safety argument.
+reason (a :class:`BlobCheck`), never bytes and never an exception. See docs_internal/l3_format.md for the
+crash-safety argument.
 
 Checksum: xxh3_64 (xxhash 4.1.0, measured on the 2-core dev VM): ~30 GB/s on a cache-resident 3 MiB buffer,
 ~9 GB/s on a cold 512 MiB one (DRAM-bound); crc32 (zlib) did 2.2 GB/s, xxh64 7.9 GB/s. xxhash releases the GIL
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from .aligned import AlignedBuffer
+from .aligned import byte_view
 
 BLOCK = 4096
 MAGIC = b"GLML3BLB"
@@ -88,6 +89,39 @@ class PayloadKind(enum.IntEnum):
                 pass
         valid = ", ".join(k.label for k in cls)
         raise ValueError(f"unknown L3 payload kind {value!r}; valid: {valid}")
+
+    @classmethod
+    def from_byte(cls, value: int) -> "PayloadKind | None":
+        """The kind a stored byte (blob header, index key) names, or None for a value no version defines."""
+        return _KIND_BY_VALUE.get(value)
+
+
+_KIND_BY_VALUE = {int(k): k for k in PayloadKind}
+
+
+class BlobCheck(str, enum.Enum):
+    """What reading a blob found: ``OK``, or why it is a miss. A str, so it logs and compares as its value."""
+
+    OK = "ok"
+    # the header alone
+    SHORT = "short"  # buffer shorter than a header
+    EMPTY = "empty"  # all-zero: never written or discarded
+    BAD_MAGIC = "bad_magic"
+    UNKNOWN_VERSION = "unknown_version"
+    HEADER_CHECKSUM = "header_checksum"
+    UNKNOWN_KIND = "unknown_kind"
+    UNKNOWN_FLAGS = "unknown_flags"
+    RESERVED_NONZERO = "reserved_nonzero"
+    # the header against the page asked for, then the payload
+    KIND_MISMATCH = "kind_mismatch"
+    HASH_MISMATCH = "hash_mismatch"
+    NAMESPACE_MISMATCH = "namespace_mismatch"
+    LENGTH_MISMATCH = "length_mismatch"
+    TRUNCATED = "truncated"  # buffer shorter than header + payload
+    PAYLOAD_CHECKSUM = "payload_checksum"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -171,12 +205,6 @@ def key_to_bytes(key: "str | bytes | bytearray | memoryview") -> bytes:
     raise ValueError(f"page key must be a hex str or {HASH_BYTES} bytes, got {type(key).__name__}")
 
 
-def _bytes(buf) -> memoryview:
-    """Flat byte view of any C-contiguous buffer or AlignedBuffer (py3.10/3.11 have no __buffer__ hook)."""
-    view = buf.view if isinstance(buf, AlignedBuffer) else memoryview(buf)
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
 def round_up(n: int, align: int = BLOCK) -> int:
     return -(-n // align) * align
 
@@ -189,7 +217,7 @@ def slot_bytes_for(payload_len: int) -> int:
 
 
 def payload_checksum(buf) -> int:
-    return xxhash.xxh3_64_intdigest(_bytes(buf))
+    return xxhash.xxh3_64_intdigest(byte_view(buf))
 
 
 def _header_checksum(raw) -> int:
@@ -215,7 +243,7 @@ def encode_header_into(
         raise ValueError("payload_len and payload_checksum must fit in u64")
     if flags & _MUST_UNDERSTAND_FLAGS & ~_KNOWN_FLAGS or not 0 <= flags < 2**32:
         raise ValueError(f"flags {flags:#x} set must-understand bits that v{FORMAT_VERSION} does not define")
-    mv = _bytes(buf)
+    mv = byte_view(buf)
     _HEADER.pack_into(
         mv, offset, MAGIC, FORMAT_VERSION, int(kind), 0, flags, key_to_bytes(content_hash),
         payload_len, payload_checksum, bytes(ns_digest), _ZERO_RESERVED,
@@ -228,7 +256,7 @@ def seal_blob(buf, *, kind, content_hash, ns_digest: bytes, payload_len: int) ->
 
     The spill path gathers a page straight after the header, then seals: no extra copy. Returns the checksum.
     """
-    mv = _bytes(buf)
+    mv = byte_view(buf)
     if HEADER_SIZE + payload_len > len(mv):
         raise ValueError(f"buffer of {len(mv)} B cannot hold header + {payload_len} B payload")
     checksum = payload_checksum(mv[HEADER_SIZE:HEADER_SIZE + payload_len])
@@ -252,37 +280,34 @@ class BlobHeader:
         return slot_bytes_for(self.payload_len)
 
 
-def parse_header_reason(buf) -> "tuple[BlobHeader | None, str]":
-    """(header, "ok") or (None, reason). Never raises on bad bytes.
-
-    Reasons: "short", "empty" (all-zero: never written or discarded), "bad_magic", "unknown_version",
-    "header_checksum", "unknown_kind", "unknown_flags", "reserved_nonzero".
-    """
+def parse_header_reason(buf) -> "tuple[BlobHeader | None, BlobCheck]":
+    """(header, OK) or (None, why): one of the header-alone :class:`BlobCheck` values. Never raises on bad bytes."""
     if buf is None:
-        return None, "empty"
+        return None, BlobCheck.EMPTY
     try:
-        mv = _bytes(buf)
+        mv = byte_view(buf)
     except (TypeError, ValueError):
-        return None, "short"
+        return None, BlobCheck.SHORT
     if len(mv) < HEADER_SIZE:
-        return None, "short"
+        return None, BlobCheck.SHORT
     raw = mv[:HEADER_SIZE]
     magic, version = _VERSION_AT.unpack_from(raw, 0)
     if magic != MAGIC:
-        return None, "empty" if not any(raw) else "bad_magic"
+        return None, BlobCheck.EMPTY if not any(raw) else BlobCheck.BAD_MAGIC
     if version != FORMAT_VERSION:
-        return None, "unknown_version"
+        return None, BlobCheck.UNKNOWN_VERSION
     (stored,) = _CHECKSUM.unpack_from(raw, _CHECKSUMMED)
     if stored != _header_checksum(raw):
-        return None, "header_checksum"
-    _, _, kind, reserved8, flags, chash, plen, pcsum, nsd, reserved = _HEADER.unpack_from(raw, 0)
-    if kind not in PayloadKind._value2member_map_:
-        return None, "unknown_kind"
+        return None, BlobCheck.HEADER_CHECKSUM
+    _, _, kind_byte, reserved8, flags, chash, plen, pcsum, nsd, reserved = _HEADER.unpack_from(raw, 0)
+    kind = PayloadKind.from_byte(kind_byte)
+    if kind is None:
+        return None, BlobCheck.UNKNOWN_KIND
     if flags & _MUST_UNDERSTAND_FLAGS & ~_KNOWN_FLAGS:
-        return None, "unknown_flags"
+        return None, BlobCheck.UNKNOWN_FLAGS
     if reserved8 or reserved != _ZERO_RESERVED:
-        return None, "reserved_nonzero"
-    return BlobHeader(version, PayloadKind(kind), flags, chash, plen, pcsum, nsd), "ok"
+        return None, BlobCheck.RESERVED_NONZERO
+    return BlobHeader(version, kind, flags, chash, plen, pcsum, nsd), BlobCheck.OK
 
 
 def parse_header(buf) -> "BlobHeader | None":
@@ -291,12 +316,10 @@ def parse_header(buf) -> "BlobHeader | None":
 
 def verify_blob_reason(
     buf, *, kind, content_hash, ns_digest: bytes, payload_len: "int | None" = None,
-) -> "tuple[memoryview | None, str]":
-    """(payload view, "ok") only if the blob is exactly the page asked for; else (None, reason).
+) -> "tuple[memoryview | None, BlobCheck]":
+    """(payload view, OK) only if the blob is exactly the page asked for; else (None, why).
 
-    Beyond the header reasons: "kind_mismatch", "hash_mismatch", "namespace_mismatch", "length_mismatch",
-    "truncated" (buffer shorter than header + payload), "payload_checksum". A caller bug (an unparseable kind
-    or key) still raises: that is not a property of the disk.
+    A caller bug (an unparseable kind or key) still raises: that is not a property of the disk.
     """
     want_kind = PayloadKind.parse(kind)
     want_hash = key_to_bytes(content_hash)
@@ -304,21 +327,21 @@ def verify_blob_reason(
     if header is None:
         return None, reason
     if header.kind != want_kind:
-        return None, "kind_mismatch"
+        return None, BlobCheck.KIND_MISMATCH
     if header.content_hash != want_hash:
-        return None, "hash_mismatch"
+        return None, BlobCheck.HASH_MISMATCH
     if header.ns_digest != bytes(ns_digest):
-        return None, "namespace_mismatch"
+        return None, BlobCheck.NAMESPACE_MISMATCH
     if payload_len is not None and header.payload_len != payload_len:
-        return None, "length_mismatch"
-    mv = _bytes(buf)
+        return None, BlobCheck.LENGTH_MISMATCH
+    mv = byte_view(buf)
     end = HEADER_SIZE + header.payload_len
     if end > len(mv):
-        return None, "truncated"
+        return None, BlobCheck.TRUNCATED
     payload = mv[HEADER_SIZE:end]
     if payload_checksum(payload) != header.payload_checksum:
-        return None, "payload_checksum"
-    return payload, "ok"
+        return None, BlobCheck.PAYLOAD_CHECKSUM
+    return payload, BlobCheck.OK
 
 
 def verify_blob(buf, *, kind, content_hash, ns_digest: bytes, payload_len: "int | None" = None) -> "memoryview | None":
