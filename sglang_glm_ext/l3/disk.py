@@ -17,6 +17,9 @@ Fault injection (tests): every write goes through ``self._pwrite(fd, data, offse
 ``short_write(max_bytes)`` replace it; ``inject_write_fault(None)`` restores. Errors surface as OSError from
 ``write_slot``; the store turns them into counted misses.
 
+Reads go through a :class:`~.slab_reader.SlabReader` over the slab's own descriptor (the one read path of every
+slab file); ``DiskSlab.open_reader`` opens a reader of a slab another process owns.
+
 Thread safety: reads and writes use positional I/O and may run from several threads; ``close`` must not race them.
 """
 
@@ -28,13 +31,14 @@ import errno
 import fcntl
 import os
 import stat
-import threading
 from typing import Callable
 
-from .aligned import AlignedBuffer, buffer_address
-from .format import BLOCK, HEADER_SIZE, round_up
+from .aligned import AlignedBuffer, buffer_address, byte_view
+from .errors import DirectIOUnavailable, SlabError, SlabGeometryError, SlabLockedError
+from .format import BLOCK
 from .fsutil import fsync_dir, make_private_dirs
 from .plp import PlpReport, PlpRequiredError, check_plp, probe_plp  # noqa: F401  (re-exported for the store)
+from .slab_reader import SlabReader
 
 __all__ = [
     "DiskSlab", "SlabError", "SlabLockedError", "SlabGeometryError", "DirectIOUnavailable",
@@ -42,22 +46,6 @@ __all__ = [
 ]
 
 PWrite = Callable[[int, memoryview, int], int]
-
-
-class SlabError(RuntimeError):
-    """A slab cannot be opened as asked; the message names the path and what to do."""
-
-
-class SlabLockedError(SlabError):
-    pass
-
-
-class SlabGeometryError(SlabError):
-    pass
-
-
-class DirectIOUnavailable(SlabError):
-    pass
 
 
 def _libc_fallocate():
@@ -109,12 +97,10 @@ class DiskSlab:
         self.prealloc = prealloc
         self.prealloc_reason = prealloc_reason
         self.created = created
-        self.readonly = False
+        self._reader = SlabReader.over(fd, path, slot_bytes, num_slots, io_mode)
         # Diagnostics only (tests, bench): unlocked increments may undercount when several threads do I/O.
-        self.counters = {"direct_reads": 0, "bounce_reads": 0, "buffered_reads": 0, "writes": 0}
-        self._local = threading.local()
-        self._owned_buffers: list[AlignedBuffer] = []
-        self._owned_lock = threading.Lock()
+        self.counters = self._reader.counters
+        self.counters["writes"] = 0
 
     # ------------------------------------------------------------------ open / close
     @staticmethod
@@ -129,30 +115,18 @@ class DiskSlab:
         return slot_bytes * num_slots
 
     @classmethod
-    def open_reader(cls, path, *, slot_bytes: int, num_slots: int, direct: "str | bool" = "auto") -> "DiskSlab":
-        """Read-only view of a slab another process (another rank) owns: no lock, no preallocation, no chmod.
-
-        Safe without a lock because a reader only trusts bytes that verify_blob accepts, and the index is
-        updated (reclaim deletes the entry before the slot is freed) so a racing rewrite reads as a miss.
-        """
+    def open_reader(cls, path, *, slot_bytes: int, num_slots: int, direct: "str | bool" = "auto") -> SlabReader:
+        """A read-only view of a slab another process (another rank) owns: no lock, no preallocation, no chmod;
+        the file must have exactly this geometry."""
         path = os.path.abspath(os.fspath(path))
-        size = cls._check_geometry(path, slot_bytes, num_slots, direct)
+        cls._check_geometry(path, slot_bytes, num_slots, direct)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            return SlabReader(path, slot_bytes, num_slots=num_slots, direct=direct)
         except OSError as e:
+            if direct is True and e.errno == errno.EINVAL:
+                raise DirectIOUnavailable(f"L3 slab {path}: filesystem refuses O_DIRECT and direct=True was "
+                                          f"required") from e
             raise SlabError(f"cannot open L3 slab {path} for reading: {e.strerror or e}") from e
-        try:
-            current = os.fstat(fd).st_size
-            if current != size:
-                raise SlabGeometryError(f"L3 slab {path} is {current} B, expected {num_slots} x {slot_bytes} B")
-            io_mode, fallback_reason = cls._choose_io_mode(fd, path, direct)
-        except BaseException:
-            os.close(fd)
-            raise
-        slab = cls(path=path, fd=fd, slot_bytes=slot_bytes, num_slots=num_slots, io_mode=io_mode,
-                   fallback_reason=fallback_reason, prealloc="none", prealloc_reason="read-only", created=False)
-        slab.readonly = True
-        return slab
 
     @classmethod
     def open(cls, path, *, slot_bytes: int, num_slots: int, create: bool = True,
@@ -246,14 +220,8 @@ class DiskSlab:
         if self._fd < 0:
             return
         fd, self._fd = self._fd, -1
+        self._reader.close()  # its buffers; the descriptor is ours
         os.close(fd)  # drops the flock with the last reference to the open file description
-        with self._owned_lock:
-            for buf in self._owned_buffers:
-                try:
-                    buf.close()
-                except BufferError:
-                    pass
-            self._owned_buffers.clear()
 
     @property
     def closed(self) -> bool:
@@ -277,24 +245,13 @@ class DiskSlab:
             raise IndexError(f"slot {slot!r} out of range [0, {self.num_slots}) in {self.path}")
         return slot * self.slot_bytes
 
-    def _thread_buffer(self, name: str, size: int) -> AlignedBuffer:
-        buf = getattr(self._local, name, None)
-        if buf is None or buf.closed:
-            buf = AlignedBuffer(size)
-            setattr(self._local, name, buf)
-            with self._owned_lock:
-                self._owned_buffers.append(buf)
-        return buf
-
     def write_slot(self, slot: int, buf) -> None:
         """Write ``buf`` (a BLOCK multiple, at most slot_bytes; page-aligned under O_DIRECT) at the slot's start.
 
         Durable only after ``sync()``. Raises OSError on I/O failure (including a write that makes no progress).
         """
         offset = self._offset(slot)
-        if self.readonly:
-            raise ValueError(f"L3 slab {self.path} was opened read-only")
-        view = _byte_view(buf)
+        view = byte_view(buf)
         n = len(view)
         if n == 0 or n > self.slot_bytes or n % BLOCK:
             raise ValueError(f"write of {n} B: must be a non-zero multiple of {BLOCK} <= slot_bytes {self.slot_bytes}")
@@ -314,42 +271,12 @@ class DiskSlab:
         os.fdatasync(self._fd)
 
     def read_slot_into(self, slot: int, dst, nbytes: int, *, bounce: "AlignedBuffer | None" = None) -> int:
-        """Copy the slot's first ``nbytes`` into ``dst[:nbytes]`` with one read of ``roundup(nbytes, BLOCK)``.
-
-        Under O_DIRECT the read lands in ``dst`` itself when dst is BLOCK-aligned and has room for the rounded
-        length; otherwise in ``bounce`` (or this thread's slot-sized bounce buffer) and is then copied.
-        Returns nbytes. Raises OSError on I/O failure or a short read.
-        """
-        offset = self._offset(slot)
-        out = _byte_view(dst)
-        if out.readonly:
-            raise ValueError("read destination is read-only")
-        if not 0 < nbytes <= self.slot_bytes or nbytes > len(out):
-            raise ValueError(f"read of {nbytes} B into {len(out)} B (slot_bytes {self.slot_bytes})")
-        if self.io_mode != "o_direct":
-            _pread_exact(self._fd, out[:nbytes], offset)
-            self.counters["buffered_reads"] += 1
-            return nbytes
-        io_len = round_up(nbytes, BLOCK)
-        if len(out) >= io_len and buffer_address(out) % BLOCK == 0:
-            _pread_exact(self._fd, out[:io_len], offset)
-            self.counters["direct_reads"] += 1
-            return nbytes
-        if bounce is None:
-            bounce = self._thread_buffer("bounce", self.slot_bytes)
-        elif len(bounce) < io_len or bounce.address % BLOCK:
-            raise ValueError(f"bounce buffer must be BLOCK-aligned and >= {io_len} B")
-        _pread_exact(self._fd, bounce.view[:io_len], offset)
-        out[:nbytes] = bounce.view[:nbytes]
-        self.counters["bounce_reads"] += 1
-        return nbytes
+        """See :meth:`SlabReader.read_slot_into` (the slab's reads are its reader's)."""
+        return self._reader.read_slot_into(slot, dst, nbytes, bounce=bounce)
 
     def read_header(self, slot: int) -> bytes:
         """The slot's first HEADER_SIZE bytes, read as one BLOCK (cold start scans headers without payloads)."""
-        offset = self._offset(slot)
-        block = self._thread_buffer("header_block", BLOCK)
-        _pread_exact(self._fd, block.view, offset)
-        return bytes(block.view[:HEADER_SIZE])
+        return self._reader.read_header(slot)
 
     def drop_cache(self) -> None:
         """Ask the kernel to drop this file's cached pages (buffered mode benchmarks; no effect under O_DIRECT)."""
@@ -364,24 +291,6 @@ class DiskSlab:
 
 
 # ---------------------------------------------------------------------- helpers
-def _byte_view(buf) -> memoryview:
-    if isinstance(buf, AlignedBuffer):
-        return buf.view
-    view = memoryview(buf)
-    if not view.c_contiguous:
-        raise ValueError("buffer must be C-contiguous")
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
-
-
-def _pread_exact(fd: int, view: memoryview, offset: int) -> None:
-    done, n = 0, len(view)
-    while done < n:
-        got = os.preadv(fd, [view[done:]], offset + done)
-        if got <= 0:
-            raise OSError(errno.EIO, f"short read: {done} of {n} B at offset {offset}")
-        done += got
-
-
 def _unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)

@@ -1,0 +1,219 @@
+"""The one read-only view of a slab file: positional reads, no lock, O_DIRECT where the file system takes it.
+
+Every read of slab bytes goes through :class:`SlabReader`: the store's reloads (any rank's slab), a slab owner's
+own reads (``DiskSlab`` reads through one over its descriptor), fsck, tools. Readers never take the owner's
+exclusive flock, so every rank reads every other rank's blobs while they run; a reader trusts only bytes that
+``verify_blob`` accepts, and a reclaim deletes the index entry before the slot is reused, so a racing rewrite
+reads as a miss.
+
+Geometry, decided at open:
+
+* ``num_slots`` given (strict): the file must be exactly ``num_slots * slot_bytes`` (``SlabGeometryError``) and
+  a slot outside ``[0, num_slots)`` is an ``IndexError``.
+* ``num_slots=None``: a slab whose slot count this process does not know (another rank's budget). No size check;
+  a slot past the file's end is a :class:`ShortRead`, which the store counts against the entry that named it.
+* ``tolerant=True`` (fsck): ``num_slots`` is what the sidecar says the owner meant; the file may hold fewer.
+  ``num_slots`` becomes what the file holds, and a read past its end comes back as zeros (an empty slot).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+
+from .aligned import AlignedBuffer, buffer_address, byte_view
+from .errors import SlabGeometryError
+from .format import BLOCK, HEADER_SIZE, round_up
+
+__all__ = ["SlabReader", "ShortRead"]
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class ShortRead(OSError):
+    """The file ended before the slot did (a slot past a smaller or truncated slab's end)."""
+
+    def __init__(self, msg: str):
+        super().__init__(errno.EIO, msg)
+
+
+class SlabReader:
+    """Read-only, lock-free view of one slab file (see the module docstring for the three geometries).
+
+    Thread-safe: positional reads only; each thread gets its own bounce / header buffer. Invariant: no descriptor
+    a reader thread may be using is closed before :meth:`close`. A file system that accepts O_DIRECT at open but
+    refuses a transfer (EINVAL) makes the reader fall back, once and for good, to a second, buffered descriptor;
+    the O_DIRECT one stays open (a read in flight on it finishes on the right file) until close. Closing and
+    reopening instead would free the number for any concurrent ``open`` in the process, and a read in flight
+    would then read that other file.
+    """
+
+    def __init__(self, path, slot_bytes: int, *, num_slots: "int | None" = None, tolerant: bool = False,
+                 direct: "str | bool" = "auto"):
+        self.path = os.path.abspath(os.fspath(path))
+        self.slot_bytes = slot_bytes
+        self.tolerant = tolerant
+        self.fallback_reason: "str | None" = None
+        self._init_state()
+        flags = os.O_RDONLY | _CLOEXEC
+        if direct is False:
+            self._fd, self.io_mode, self.fallback_reason = os.open(self.path, flags), "buffered", "direct=False requested"
+        else:
+            try:
+                self._fd, self.io_mode = os.open(self.path, flags | os.O_DIRECT), "o_direct"
+            except OSError as e:
+                if e.errno != errno.EINVAL or direct is True:
+                    raise
+                self._fd, self.io_mode = os.open(self.path, flags), "buffered"
+                self.fallback_reason = "O_DIRECT refused at open (EINVAL)"
+        self._owns_fd = True
+        self.num_slots = num_slots
+        if num_slots is not None:
+            size = os.fstat(self._fd).st_size
+            if tolerant:
+                self.num_slots = min(num_slots, size // slot_bytes)
+            elif size != num_slots * slot_bytes:
+                self.close()
+                raise SlabGeometryError(f"L3 slab {self.path} is {size} B, expected {num_slots} x {slot_bytes} B")
+
+    @classmethod
+    def over(cls, fd: int, path: str, slot_bytes: int, num_slots: int, io_mode: str) -> "SlabReader":
+        """The reads of a slab's owner, on the owner's descriptor (borrowed: never closed here, and its I/O mode
+        was probed by the owner at open, so a refused transfer is an error, not a fallback)."""
+        self = cls.__new__(cls)
+        self.path, self.slot_bytes, self.tolerant, self.fallback_reason = path, slot_bytes, False, None
+        self._init_state()
+        self._fd, self.io_mode, self._owns_fd, self.num_slots = fd, io_mode, False, num_slots
+        return self
+
+    def _init_state(self) -> None:
+        self._lock = threading.Lock()
+        self._spare: list[int] = []  # descriptors no longer handed to new reads, still open until close()
+        self._local = threading.local()
+        self._buffers: list[AlignedBuffer] = []
+        # Diagnostics only (tests, bench): unlocked increments may undercount when several threads read.
+        self.counters = {"direct_reads": 0, "bounce_reads": 0, "buffered_reads": 0}
+
+    @property
+    def fd(self) -> int:
+        return self._fd
+
+    @property
+    def direct(self) -> bool:
+        return self.io_mode == "o_direct"
+
+    # ------------------------------------------------------------------ reads
+    def read_slot_into(self, slot: int, dst, nbytes: int, *, bounce: "AlignedBuffer | None" = None) -> int:
+        """Copy the slot's first ``nbytes`` into ``dst[:nbytes]`` with one read of ``round_up(nbytes, BLOCK)``.
+
+        Under O_DIRECT the read lands in ``dst`` itself when dst is BLOCK-aligned and has room for the rounded
+        length; otherwise in ``bounce`` (or this thread's slot-sized bounce buffer) and is then copied.
+        Returns nbytes. Raises OSError on I/O failure, :class:`ShortRead` where the file ends first.
+        """
+        offset = self._offset(slot)
+        out = byte_view(dst)
+        if out.readonly:
+            raise ValueError("read destination is read-only")
+        if not 0 < nbytes <= self.slot_bytes or nbytes > len(out):
+            raise ValueError(f"read of {nbytes} B into {len(out)} B (slot_bytes {self.slot_bytes})")
+        if not self.direct:
+            self._read(out[:nbytes], offset)
+            self.counters["buffered_reads"] += 1
+            return nbytes
+        io_len = round_up(nbytes, BLOCK)
+        if len(out) >= io_len and buffer_address(out) % BLOCK == 0:
+            self._read(out[:io_len], offset)
+            self.counters["direct_reads"] += 1
+            return nbytes
+        if bounce is None:
+            bounce = self._thread_buffer("bounce", self.slot_bytes)
+        elif len(bounce) < io_len or bounce.address % BLOCK:
+            raise ValueError(f"bounce buffer must be BLOCK-aligned and >= {io_len} B")
+        self._read(bounce.view[:io_len], offset)
+        out[:nbytes] = bounce.view[:nbytes]
+        self.counters["bounce_reads"] += 1
+        return nbytes
+
+    def read_header(self, slot: int) -> bytes:
+        """The slot's first HEADER_SIZE bytes, read as one BLOCK (cold start scans headers without payloads)."""
+        offset = self._offset(slot)
+        block = self._thread_buffer("header_block", BLOCK)
+        self._read(block.view, offset)
+        return bytes(block.view[:HEADER_SIZE])
+
+    def write_slot(self, slot: int, buf) -> None:
+        """A reader stands where a slab may (tools, fsck): a write through it is a caller bug, refused loudly."""
+        raise ValueError(f"L3 slab {self.path} was opened read-only")
+
+    def _offset(self, slot: int) -> int:
+        if self._fd < 0:
+            raise ValueError(f"L3 slab {self.path} is closed")
+        if self.num_slots is not None and not self.tolerant and (
+                not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < self.num_slots):
+            raise IndexError(f"slot {slot!r} out of range [0, {self.num_slots}) in {self.path}")
+        return slot * self.slot_bytes
+
+    def _read(self, view: memoryview, offset: int) -> None:
+        done, n = 0, len(view)
+        while done < n:
+            fd, direct = self._fd, self.direct
+            try:
+                got = os.preadv(fd, [view[done:]], offset + done)
+            except OSError as e:
+                # Some file systems accept O_DIRECT at open but refuse the transfer: fall back once, for good.
+                if not (direct and self._owns_fd and e.errno == errno.EINVAL):
+                    raise
+                self._fall_back()
+                continue
+            if got <= 0:
+                if not self.tolerant:
+                    raise ShortRead(f"short read: {done} of {n} B at offset {offset} in {self.path}")
+                view[done:] = bytes(n - done)
+                return
+            done += got
+
+    def _fall_back(self) -> None:
+        with self._lock:
+            if self.direct:
+                buffered = os.open(self.path, os.O_RDONLY | _CLOEXEC)
+                self._spare.append(self._fd)
+                self._fd = buffered
+                self.io_mode, self.fallback_reason = "buffered", "O_DIRECT transfer refused (EINVAL)"
+
+    def _thread_buffer(self, name: str, size: int) -> AlignedBuffer:
+        buf = getattr(self._local, name, None)
+        if buf is None or buf.closed:
+            buf = AlignedBuffer(size)
+            setattr(self._local, name, buf)
+            with self._lock:
+                self._buffers.append(buf)
+        return buf
+
+    # ------------------------------------------------------------------ close
+    def close(self) -> None:
+        """Close what this reader opened (a borrowed descriptor stays with its owner) and its buffers. Idempotent."""
+        with self._lock:
+            fds = [fd for fd in ([self._fd] if self._owns_fd else []) + self._spare if fd >= 0]
+            self._fd, self._spare = -1, []
+            bufs, self._buffers = self._buffers, []
+        for fd in fds:
+            os.close(fd)
+        for buf in bufs:
+            try:
+                buf.close()
+            except BufferError:
+                pass
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    def __enter__(self) -> "SlabReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SlabReader({self.path!r}, slot_bytes={self.slot_bytes}, io={self.io_mode})"
