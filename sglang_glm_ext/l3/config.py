@@ -2,7 +2,8 @@
 
 Loaded from TOML (``tomllib`` / ``tomli``) or JSON. Every bad value is an :class:`L3ConfigError` whose message
 starts with the key path (``disks[1].budget: ...``), raised at load time so a server never starts on a config it
-would later misread.
+would later misread. Environment overrides are applied here too, once (``SGLANG_CP_L3_COLD_START`` replaces
+``cold_start`` for one launch), so the engine reads only the config.
 
 Budget split (the documented rule):
 
@@ -30,6 +31,8 @@ try:  # Python 3.11+
     import tomllib as _toml
 except ModuleNotFoundError:  # pragma: no cover - 3.10
     import tomli as _toml  # type: ignore[no-redef]
+
+from .. import envs
 
 __all__ = [
     "L3ConfigError",
@@ -195,6 +198,12 @@ class L3Config:
         cold = _get(data, "cold_start", "cold_start", str, "clear")
         if cold not in COLD_START_MODES:
             raise L3ConfigError(f"cold_start: unknown mode {cold!r} (expected one of {COLD_START_MODES})")
+        override = envs.CP_L3_COLD_START.raw()
+        if override:  # one launch's choice wins over the file; a caller's explicit open(cold_start=) over both
+            if override not in COLD_START_MODES:
+                raise L3ConfigError(f"cold_start: unknown mode {override!r} from {envs.CP_L3_COLD_START.name} "
+                                    f"(expected one of {COLD_START_MODES})")
+            cold = override
         require_plp = _get(data, "require_plp", "require_plp", bool, False)
         plp = _get(data, "plp", "plp", str, "auto")
         if plp not in PLP_MODES:

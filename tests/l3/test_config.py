@@ -146,3 +146,16 @@ def test_rank_out_of_range(tmp_path):
     cfg = L3Config.from_dict(_base(tmp_path, ranks={"count": 2}))
     with pytest.raises(L3ConfigError, match="rank 2 out of range"):
         cfg.disk_for_rank(2)
+
+
+def test_the_cold_start_env_override_is_applied_where_the_config_loads(tmp_path, monkeypatch):
+    """The engine reads one value: the config's. SGLANG_CP_L3_COLD_START replaces the file's cold_start when the
+    config is loaded, and a bad value is refused there, naming the variable (before any store opens)."""
+    monkeypatch.setenv("SGLANG_CP_L3_COLD_START", "load")
+    assert L3Config.from_dict(_base(tmp_path)).cold_start == "load"
+    assert L3Config.from_dict(_base(tmp_path, cold_start="clear")).cold_start == "load"
+    monkeypatch.setenv("SGLANG_CP_L3_COLD_START", "")
+    assert L3Config.from_dict(_base(tmp_path, cold_start="load")).cold_start == "load"  # empty: unset
+    monkeypatch.setenv("SGLANG_CP_L3_COLD_START", "warm")
+    with pytest.raises(L3ConfigError, match="cold_start: unknown mode 'warm' from SGLANG_CP_L3_COLD_START"):
+        L3Config.from_dict(_base(tmp_path))
