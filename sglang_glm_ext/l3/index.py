@@ -3,6 +3,9 @@
 Key (57 bytes)   = deployment tag (8) | namespace digest (16) | payload kind (1) | content hash (32)
 Value (16 bytes) = owner rank (u16) | disk index (u16) | slot (u32) | last access (u64, microseconds since epoch)
 
+This module is the only one that knows the key's byte layout: others build keys with :class:`KeySpace` /
+:func:`make_key` and read them with :func:`split_key` (an :class:`IndexKey` of named fields).
+
 The deployment tag leads the key so everything one deployment owns is a contiguous key range (cold-start
 ``clear`` and ``fsck`` scan only that range). The rank is in the value, not the key: a page is content-addressed
 within its namespace, and any rank reads a blob another rank wrote.
@@ -21,12 +24,9 @@ serialised across processes by it.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import json
 import logging
 import os
-import socket
 import struct
 import threading
 import time
@@ -34,15 +34,18 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import lmdb
 
+from .format import HASH_BYTES, NS_DIGEST_BYTES, PayloadKind
 from .fsutil import fsync_dir, make_private_dirs
 
 log = logging.getLogger(__name__)
 
-__all__ = ["IndexEntry", "L3Index", "IndexDamagedError", "ScanResult", "OwnerLock", "OwnerLockHeld", "deployment_tag", "make_key", "split_key", "now_us",
-           "KEY_LEN", "VALUE_LEN"]
+__all__ = ["IndexEntry", "IndexKey", "KeySpace", "L3Index", "IndexDamagedError", "ScanResult", "deployment_tag",
+           "make_key", "split_key", "now_us", "KEY_LEN", "VALUE_LEN"]
 
 _VALUE = struct.Struct("<HHIQ")
-KEY_LEN = 8 + 16 + 1 + 32
+_TAG_BYTES = 8
+_NS_AT, _KIND_AT, _HASH_AT = _TAG_BYTES, _TAG_BYTES + NS_DIGEST_BYTES, _TAG_BYTES + NS_DIGEST_BYTES + 1
+KEY_LEN = _HASH_AT + HASH_BYTES
 VALUE_LEN = _VALUE.size
 _DB_NAME = b"pages"
 
@@ -53,16 +56,50 @@ def now_us() -> int:
 
 
 def deployment_tag(deployment_id: str) -> bytes:
-    return hashlib.blake2b(deployment_id.encode("utf-8"), digest_size=8, person=b"glm-l3-dep").digest()
+    return hashlib.blake2b(deployment_id.encode("utf-8"), digest_size=_TAG_BYTES, person=b"glm-l3-dep").digest()
+
+
+class IndexKey(NamedTuple):
+    """A 57-byte index key as named fields (a tuple, so it also unpacks and compares as one)."""
+
+    deployment: bytes  # deployment_tag(deployment_id)
+    namespace: bytes  # Namespace.digest_for(deployment_id)
+    kind: int  # the payload kind's byte as stored: a damaged or foreign key may hold one no version defines
+    content_hash: bytes
+
+    @property
+    def payload_kind(self) -> "PayloadKind | None":
+        return PayloadKind.from_byte(self.kind)
+
+    def pack(self) -> bytes:
+        return make_key(self.deployment, self.namespace, self.kind, self.content_hash)
 
 
 def make_key(dep_tag: bytes, ns_digest: bytes, kind: int, content_hash: bytes) -> bytes:
     return dep_tag + ns_digest + bytes((int(kind),)) + content_hash
 
 
-def split_key(key: bytes) -> tuple[bytes, bytes, int, bytes]:
-    """(deployment tag, namespace digest, kind, content hash)."""
-    return key[:8], key[8:24], key[24], key[25:57]
+def split_key(key: bytes) -> IndexKey:
+    return IndexKey(key[:_NS_AT], key[_NS_AT:_KIND_AT], key[_KIND_AT], key[_HASH_AT:KEY_LEN])
+
+
+class KeySpace:
+    """The keys of one (deployment, namespace), laid out once at open: on the data path a key is one
+    concatenation (``prefix(kind) + content_hash``), with no layout decision left."""
+
+    __slots__ = ("deployment", "namespace", "_prefix")
+
+    def __init__(self, deployment: bytes, namespace: bytes):
+        self.deployment = deployment
+        self.namespace = namespace
+        self._prefix = {k: make_key(deployment, namespace, k, b"") for k in PayloadKind}
+
+    def key(self, kind: PayloadKind, content_hash: bytes) -> bytes:
+        return self._prefix[kind] + content_hash
+
+    def prefix(self, kind: PayloadKind) -> bytes:
+        """Every key of ``kind`` in this space is this prefix + a 32-byte content hash."""
+        return self._prefix[kind]
 
 
 class IndexEntry(NamedTuple):
@@ -470,7 +507,7 @@ class L3Index:
         prefix = dep_tag + (ns_digest or b"")
         scan = self.scan(prefix)
         batch = [(k, e) for k, e in scan.items
-                 if e.rank == rank and not (keep_ns is not None and k[8:24] == keep_ns)]
+                 if e.rank == rank and not (keep_ns is not None and k[_NS_AT:_KIND_AT] == keep_ns)]
         if scan.damaged:
             # A search in a damaged page can miss keys that are there: delete by position instead.
             return self._delete_by_walk({k: None for k, _ in batch})
@@ -522,106 +559,3 @@ class L3Index:
                     except Exception:
                         pass
         self.env = None
-
-
-# ---------------------------------------------------------------------- owner lock
-class OwnerLockHeld(OSError):
-    """Another live store owns this (deployment, rank) on this index. ``holder``: what the owner wrote (pid, host,
-    slab dir, since) or None; ``in_this_process``: the owner is a store of this very process."""
-
-    def __init__(self, msg: str, *, path: str, holder: "dict | None", in_this_process: bool):
-        super().__init__(msg)
-        self.path = path
-        self.holder = holder
-        self.in_this_process = in_this_process
-
-
-# (abspath of the lock file) -> the OwnerLock this process holds on it
-_OWNERS: dict[str, "OwnerLock"] = {}
-_OWNERS_LOCK = threading.Lock()
-
-
-class OwnerLock:
-    """Exclusive ``flock`` on ``<index.path>/owner-<deployment_id>-rank<r>.lock``, held for a store's lifetime.
-
-    Invariant: while a store of (deployment, rank) is open on an index, it is the only one, on this node and in
-    this process. A cold start deletes (deployment, rank)'s index entries, so a second live owner would delete
-    the first one's live pages (issue 7, item 3). The kernel drops the lock when its holder dies (SIGKILL
-    included), so a crashed server never blocks its restart. ``flock`` belongs to the open file description, so a
-    second ``open()`` in the same process conflicts too; the in-process registry only lets the error say so.
-    The file's contents (pid, host, slab dir) are for the error message; the lock alone is authoritative.
-    """
-
-    def __init__(self, path: str, fd: int, owner: object):
-        self.path = path
-        self._fd = fd
-        self.owner = owner
-
-    @staticmethod
-    def path_for(index_path: str, deployment_id: str, rank: int) -> str:
-        return os.path.join(os.path.abspath(index_path), f"owner-{deployment_id}-rank{int(rank)}.lock")
-
-    @classmethod
-    def acquire(cls, index_path: str, deployment_id: str, rank: int, *, info: dict, owner: object = None
-                ) -> "OwnerLock":
-        """Take the lock or raise :class:`OwnerLockHeld` naming the live owner. ``index_path`` must exist."""
-        path = cls.path_for(index_path, deployment_id, rank)
-        what = f"deployment {deployment_id!r} rank {rank} on the L3 index {os.path.dirname(path)!r}"
-        with _OWNERS_LOCK:
-            mine = _OWNERS.get(path)
-            if mine is not None:
-                raise OwnerLockHeld(
-                    f"{what} is locked by a store already open in this process; open one store per "
-                    f"(config, rank) per process and share it (L3Store.find_open returns it)",
-                    path=path, holder=_read_holder(path), in_this_process=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                holder = _read_holder(path)
-                who = (f"pid {holder.get('pid')} on {holder.get('host')}, slabs in {holder.get('slab_dir')!r}"
-                       if holder else "another process")
-                raise OwnerLockHeld(
-                    f"{what} is locked by a live store ({who}). Two servers on one node that share an index "
-                    f"must use different deployment_id values (each then has its own slabs and its own range of "
-                    f"the index); a second live owner's cold start would delete the first one's pages",
-                    path=path, holder=holder, in_this_process=False) from None
-            except BaseException:
-                os.close(fd)
-                raise
-            try:
-                data = json.dumps({**info, "pid": os.getpid(), "host": socket.gethostname(),
-                                   "since": int(time.time())}, sort_keys=True).encode()
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, data, 0)
-            except OSError:
-                pass  # informational only
-            lock = cls(path, fd, owner)
-            _OWNERS[path] = lock
-            return lock
-
-    @staticmethod
-    def find(index_path: str, deployment_id: str, rank: int) -> "OwnerLock | None":
-        """The lock this process holds for (index, deployment, rank), if any."""
-        with _OWNERS_LOCK:
-            return _OWNERS.get(OwnerLock.path_for(index_path, deployment_id, rank))
-
-    def release(self) -> None:
-        """Idempotent. The file stays (its next owner rewrites it); only the lock goes."""
-        with _OWNERS_LOCK:
-            if self._fd < 0:
-                return
-            if _OWNERS.get(self.path) is self:
-                del _OWNERS[self.path]
-            fd, self._fd = self._fd, -1
-            os.close(fd)
-
-
-def _read_holder(path: str) -> "dict | None":
-    try:
-        with open(path, "rb") as f:
-            d = json.loads(f.read(4096) or b"null")
-        return d if isinstance(d, dict) else None
-    except (OSError, ValueError):
-        return None

@@ -349,3 +349,18 @@ def test_the_reader_slot_of_a_killed_rank_is_cleared_when_a_store_opens(tmp_path
             proc.kill()
             proc.wait(10)
         live.close()
+
+
+def test_a_key_is_built_and_read_only_through_named_fields():
+    from sglang_glm_ext.l3.format import PayloadKind
+    from sglang_glm_ext.l3.index import IndexKey, KeySpace
+
+    dep, h = deployment_tag("d"), _h(7)
+    space = KeySpace(dep, NS_A)
+    key = space.key(PayloadKind.INDEX_K, h)
+    assert key == make_key(dep, NS_A, PayloadKind.INDEX_K, h) == space.prefix(PayloadKind.INDEX_K) + h
+    parts = split_key(key)
+    assert isinstance(parts, IndexKey) and parts.pack() == key
+    assert (parts.deployment, parts.namespace, parts.content_hash) == (dep, NS_A, h)
+    assert parts.kind == 3 and parts.payload_kind is PayloadKind.INDEX_K
+    assert split_key(make_key(dep, NS_A, 200, h)).payload_kind is None  # a byte no version defines

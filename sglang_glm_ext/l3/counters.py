@@ -1,0 +1,30 @@
+"""The store's monotonic counters (``stats()``), one object that the caller, writer and committer threads add to.
+
+Plain int adds, unlocked: they are diagnostics and a lost add under a thread race is acceptable; they never steer
+the data path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Counters"]
+
+
+@dataclass
+class Counters:
+    spilled: int = 0          # pages made durable by this store
+    spill_accepted: int = 0   # spill() calls that returned True for a page
+    dedup: int = 0            # pages accepted without a write (already durable / staged / won by another rank)
+    dropped_staging: int = 0  # staging bytes cap or max_inflight reached
+    dropped_pool_full: int = 0
+    dropped_bad_input: int = 0
+    write_errors: int = 0
+    index_full: int = 0
+    reload_hits: int = 0
+    reload_misses: int = 0
+    reload_bad_dst: int = 0   # destinations that cannot take the page in place (too small, strided, read-only)
+    verify_failures: int = 0
+    gc_reclaimed: int = 0
+    freed: int = 0
+    data_path_errors: int = 0  # unexpected exceptions turned into misses

@@ -1,0 +1,161 @@
+"""The pages accepted by ``spill`` and not yet finished: their staging buffers, the in-flight map, the write queue.
+
+Ownership: callers admit and enqueue pages; the writer thread takes batches and finishes pages (durable,
+deduplicated, dropped or failed), which releases their buffers. Everything here but the buffer pool is guarded by
+:attr:`StagedPages.cond`, the one condition of the caller/writer hand-off: the writer sleeps on it until any hand-off
+(this queue, its control queue, reload touches, committed batches) has work.
+
+Where the next steps go (not built yet): a staged page visible to ``exists`` / ``reload`` until it is durable is
+:meth:`StagedPages.find` plus a reader count on the page that :meth:`StagedPages.finish` waits out before it releases
+the buffer.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Mapping
+
+from .aligned import AlignedBuffer
+from .format import PayloadKind
+from .messages import Admission, StagedPage
+
+__all__ = ["StagingPool", "StagedPages"]
+
+
+class StagingPool:
+    """Aligned slot-sized buffers, capped in total bytes. ``acquire`` never blocks: None means "full, drop"."""
+
+    def __init__(self, cap_bytes: int, sizes: Mapping[PayloadKind, int]):
+        self.cap = cap_bytes
+        self.sizes = dict(sizes)
+        self._free: dict[PayloadKind, list[AlignedBuffer]] = {k: [] for k in sizes}
+        self._lock = threading.Lock()
+        self.allocated = 0  # bytes of buffers that exist (in use or free); never exceeds cap
+        self.in_use = 0
+        self.peak_allocated = 0
+
+    def acquire(self, kind: PayloadKind) -> AlignedBuffer | None:
+        size = self.sizes[kind]
+        with self._lock:
+            lst = self._free[kind]
+            if lst:
+                self.in_use += size
+                return lst.pop()
+            if self.allocated + size > self.cap:
+                # Give back idle buffers of other kinds before refusing: the cap is on bytes, not per kind.
+                # A buffer counts until it is really unmapped: one still exported somewhere (BufferError) stays
+                # in its free list, reusable and counted, so ``allocated`` is always the bytes actually mapped.
+                for k, other in self._free.items():
+                    if k == kind:
+                        continue
+                    pinned = []
+                    while other and self.allocated + size > self.cap:
+                        b = other.pop()
+                        try:
+                            b.close()
+                        except BufferError:
+                            pinned.append(b)
+                            continue
+                        self.allocated -= self.sizes[k]
+                    other.extend(pinned)
+                if self.allocated + size > self.cap:
+                    return None
+            self.allocated += size
+            self.in_use += size
+            self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return AlignedBuffer(size)
+
+    def release(self, kind: PayloadKind, buf: AlignedBuffer) -> None:
+        with self._lock:
+            self.in_use -= self.sizes[kind]
+            self._free[kind].append(buf)
+
+    def close(self) -> None:
+        with self._lock:
+            for lst in self._free.values():
+                for b in lst:
+                    try:
+                        b.close()
+                    except BufferError:
+                        pass
+                lst.clear()
+
+
+class StagedPages:
+    """In-flight pages of one store. Invariant: a page is in :attr:`queue` at most once, in the in-flight map
+    until it is finished, and finished exactly once (its buffer released, ``done`` advanced)."""
+
+    def __init__(self, pool: StagingPool, *, max_inflight: int, batch_pages: int):
+        self.pool = pool
+        self.cond = threading.Condition(threading.Lock())
+        self.queue: collections.deque[StagedPage] = collections.deque()
+        self._staged: dict[tuple[PayloadKind, bytes], StagedPage] = {}
+        self._max_inflight = max_inflight
+        self._batch_pages = batch_pages
+        self.enqueued = 0  # pages ever queued (seq of the last one)
+        self.done = 0  # pages ever finished
+
+    @property
+    def inflight(self) -> int:
+        return self.enqueued - self.done
+
+    # ------------------------------------------------------------------ callers
+    def admit(self, kind: PayloadKind, content_hash: bytes) -> Admission:
+        with self.cond:
+            if (kind, content_hash) in self._staged:
+                return Admission.DEDUP
+            if self.enqueued - self.done >= self._max_inflight:
+                return Admission.FULL
+        return Admission.STAGE
+
+    def enqueue(self, kind: PayloadKind, content_hash: bytes, key: bytes, buf: AlignedBuffer) -> bool:
+        """Queue a filled buffer; False (the buffer is released) if another spiller staged the page meanwhile.
+        Wakes the writer once a batch is full, not per page: a per-page wake-up hands it partial batches (one
+        fdatasync + commit each) under CPU load; the caller wakes it at the end of its call (:meth:`wake`)."""
+        with self.cond:
+            if (kind, content_hash) in self._staged:
+                self.pool.release(kind, buf)
+                return False
+            self.enqueued += 1
+            page = StagedPage(self.enqueued, kind, content_hash, key, buf)
+            self._staged[(kind, content_hash)] = page
+            self.queue.append(page)
+            if len(self.queue) >= self._batch_pages:
+                self.cond.notify()
+        return True
+
+    def wake(self) -> None:
+        with self.cond:
+            self.cond.notify()
+
+    def find(self, kind: PayloadKind, content_hash: bytes) -> "StagedPage | None":
+        """Under :attr:`cond`. The staged page, if any."""
+        return self._staged.get((kind, content_hash))
+
+    def cancel_all(self) -> None:
+        """Under :attr:`cond`. Every staged page is cancelled (clear)."""
+        for page in self._staged.values():
+            page.cancelled = True
+
+    # ------------------------------------------------------------------ writer
+    def drop_queued(self) -> None:
+        """Under :attr:`cond`. Finish every queued page unwritten (a clear)."""
+        while self.queue:
+            self.finish(self.queue.popleft())
+
+    def take(self, n: int) -> list[StagedPage]:
+        """Under :attr:`cond`. The next ``n`` queued pages (or fewer)."""
+        return [self.queue.popleft() for _ in range(min(n, len(self.queue)))]
+
+    def finish(self, page: StagedPage) -> None:
+        """Under :attr:`cond`. Release the page's buffer and mark it done, exactly once."""
+        if page.buf is not None:
+            self.pool.release(page.kind, page.buf)
+            page.buf = None
+        if self._staged.get((page.kind, page.content_hash)) is page:
+            del self._staged[(page.kind, page.content_hash)]
+        self.done += 1
+
+    def close(self) -> None:
+        self.pool.close()

@@ -1,0 +1,364 @@
+"""The writer thread: the only owner of every slot pool and page LRU of a store (no lock on either).
+
+Each round it applies committed batches (``Committer`` results), runs control operations (free, clear, flush
+barriers) and reload outcomes (touches, verify failures), one bounded GC round, then takes a batch of staged pages:
+allocates a slot per page (reclaiming on a full pool), seals the blob (header + xxh3, GIL released) and hands the
+O_DIRECT writes to a small I/O pool; the committer makes the batch durable while the next one is sealed. Touches
+reach the shared index at most once a second (coalesced, max-only), so other ranks' GC sees them.
+
+``free``, ``clear`` and ``flush`` barriers first wait for every commit in flight, so no commit of an older spill
+can land after them. Every control operation is acknowledged, also when it fails: ``flush`` waits for the count
+and ``clear`` for its :class:`~.messages.Completion`, so one failure never makes later ones time out.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Mapping
+
+from .aligned import AlignedBuffer
+from .committer import Committer
+from .config import L3Config
+from .counters import Counters
+from .format import PayloadKind, seal_blob
+from .index import IndexEntry, KeySpace, L3Index
+from .kinds import KindState
+from .messages import (
+    Barrier, ClearRank, ControlOp, Failure, FreePages, PendingWrite, StagedPage, Touch, WriteOutcome, WriteResult,
+    failure,
+)
+from .reclaim import Collector
+from .staging import StagedPages
+
+__all__ = ["Writer"]
+
+log = logging.getLogger(__name__)
+
+_TOUCH_PERSIST_INTERVAL_S = 1.0  # reload touches reach the shared index at most this often (coalesced)
+_MAX_BATCH_WAIT_S = 0.002  # the writer waits this long for a batch to fill before writing what it has
+_READER_CHECK_INTERVAL_S = 30.0  # the writer clears dead processes' LMDB reader slots at most this often
+
+
+def _write_slot(slab, slot: int, buf: AlignedBuffer) -> "Failure | None":
+    """I/O-pool task: write one sealed slot. Returns None, or the failure as plain data (see ``Failure``); the
+    exception and its traceback die with this frame."""
+    try:
+        slab.write_slot(slot, buf)
+        return None
+    except Exception as e:
+        return failure(e)
+
+
+class Writer:
+    """The caller-side methods (``post``, ``note_reloads``, ``flush``, ``stop``) may be called from any thread;
+    everything else runs on the writer thread. The hand-off state is guarded by ``staged.cond``."""
+
+    def __init__(self, config: L3Config, *, rank: int, disk: int, keys: KeySpace, index: L3Index,
+                 kinds: Mapping[PayloadKind, KindState], staged: StagedPages, counters: Counters):
+        self.config = config
+        self.rank = rank
+        self.disk = disk
+        self.keys = keys
+        self.index = index
+        self.kinds = kinds
+        self.staged = staged
+        self.c = counters
+        self.cond = staged.cond
+        # hand-off state (under cond)
+        self._ctl: collections.deque[ControlOp] = collections.deque()
+        self.ctl_posted = 0
+        self.ctl_done = 0
+        # Reload outcomes, one slot per page (latest wins): (kind, key) -> Touch / the entry that failed to verify.
+        self._touch_in: dict[tuple[PayloadKind, bytes], Touch] = {}
+        self._bad_in: dict[tuple[PayloadKind, bytes], IndexEntry] = {}
+        self._completed: collections.deque[list[WriteResult]] = collections.deque()
+        self._commits_inflight = 0
+        self._stop = False
+        # writer thread only
+        self._touch_pending: dict[bytes, int] = {}
+        self._touch_flushed_at = time.monotonic()
+        self._reader_checked_at = time.monotonic()
+        self.reclaim = Collector(config, index, kinds, rank=rank, disk=disk, namespace=keys.namespace,
+                                 counters=counters)
+        self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"l3-io-r{rank}")
+        self._committer = Committer(index, rank=rank, disk=disk, deliver=self._committed, name=f"l3-commit-r{rank}")
+        self._thread = threading.Thread(target=self._main, name=f"l3-writer-r{rank}", daemon=True)
+
+    def start(self) -> None:
+        self._committer.start()
+        self._thread.start()
+
+    # ------------------------------------------------------------------ any thread
+    def post(self, op: ControlOp) -> None:
+        with self.cond:
+            self.ctl_posted += 1
+            self._ctl.append(op)
+            self.cond.notify()
+
+    def note_reloads(self, kind: PayloadKind, touched: list[tuple[bytes, Touch]],
+                     bad: list[tuple[bytes, IndexEntry]]) -> None:
+        """Coalesced per page, not queued per hit: what waits for the writer is bounded by the pages there are,
+        however many hits arrive while it is busy (a stalled disk), and the LRU gets one push per page per round."""
+        with self.cond:
+            for key, touch in touched:
+                self._touch_in[(kind, key)] = touch
+            for key, entry in bad:
+                self._bad_in[(kind, key)] = entry
+            self.cond.notify()
+
+    def flush(self, timeout: "float | None") -> bool:
+        """Wait until everything staged or posted before this call is finished, then pass a barrier: the writer
+        completes every commit in flight and runs GC back under its watermarks first. True if done in time."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def wait_for(pred) -> bool:
+            while not pred():
+                if not self._thread.is_alive():
+                    return False
+                rem = None if deadline is None else deadline - time.monotonic()
+                if rem is not None and rem <= 0:
+                    return False
+                self.cond.wait(min(rem, 1.0) if rem is not None else 1.0)
+            return True
+
+        with self.cond:
+            target, ctl_target = self.staged.enqueued, self.ctl_posted
+            if not wait_for(lambda: self.staged.done >= target and self.ctl_done >= ctl_target):
+                return False
+            self.ctl_posted += 1
+            barrier = self.ctl_posted
+            self._ctl.append(Barrier())
+            self.cond.notify_all()
+            return wait_for(lambda: self.ctl_done >= barrier)
+
+    def stop(self, timeout: float) -> None:
+        """Finish what is in flight, persist touches, stop both threads and the I/O pool."""
+        with self.cond:
+            self._stop = True
+            self.cond.notify_all()
+        self._thread.join(timeout)
+        self._io.shutdown(wait=True)
+
+    def stats(self) -> dict:
+        return {
+            "control_queue_depth": len(self._ctl),
+            "pending_touches": len(self._touch_in),
+            "gc_heap_items": sum(len(st.lru.heap) for st in self.kinds.values()),
+        }
+
+    # ------------------------------------------------------------------ writer thread
+    def _has_work(self) -> bool:
+        return bool(self.staged.queue or self._ctl or self._stop or self._completed or self._touch_in
+                    or self._bad_in or self.reclaim.gc_active())
+
+    def _main(self) -> None:
+        batch_max = self.config.write_batch_pages
+        staged = self.staged
+        while True:
+            with self.cond:
+                while not self._has_work():
+                    self.cond.wait(0.5 if (self._touch_pending or self._commits_inflight)
+                                   else _READER_CHECK_INTERVAL_S)
+                    if self._touch_pending or self._commits_inflight:
+                        break
+                if self._stop and not staged.queue and not self._ctl and not self._commits_inflight:
+                    break
+                if staged.queue and len(staged.queue) < batch_max and not self._stop:
+                    # Let a burst fill the batch: one fdatasync + one commit per batch, not per page.
+                    self.cond.wait(_MAX_BATCH_WAIT_S)
+                batch = staged.take(batch_max)
+            try:
+                self._apply_commits(block=False)
+                self._drain_control()
+                self.reclaim.round()
+                if batch:
+                    self._submit(batch)
+                    batch = []
+                self._maybe_persist_touches()
+                self._maybe_reader_check()
+            except Exception:  # the writer must outlive any single failure
+                log.exception("L3 writer round failed")
+                self.c.data_path_errors += 1
+                with self.cond:
+                    for page in batch:
+                        staged.finish(page)
+                    self.cond.notify_all()
+        self._apply_commits(block=True)
+        self._committer.stop()
+        self._maybe_persist_touches(force=True)
+
+    # Pipeline: the writer allocates, seals and submits batch N+1 while the committer waits for batch N's writes,
+    # fdatasyncs and commits its index entries; the writer then applies batch N's results.
+    def _submit(self, batch: list[StagedPage]) -> None:
+        pending: list[PendingWrite] = []
+        skipped: list[StagedPage] = []
+        for page in batch:
+            st = self.kinds[page.kind]
+            if page.cancelled:
+                skipped.append(page)
+                continue
+            slot = st.pool.alloc()
+            if slot is None:
+                self.reclaim.reclaim_coldest(st, self.config.gc_budget_per_round)
+                slot = st.pool.alloc()
+            if slot is None:
+                self.c.dropped_pool_full += 1
+                skipped.append(page)
+                continue
+            try:
+                seal_blob(page.buf.view, kind=page.kind, content_hash=page.content_hash,
+                          ns_digest=self.keys.namespace, payload_len=st.page_bytes)
+                written = self._io.submit(_write_slot, st.slab, slot, page.buf)
+            except Exception as e:
+                self._write_failed(st, slot, failure(e))
+                skipped.append(page)
+                continue
+            pending.append(PendingWrite(page, st, slot, written))
+        if skipped:
+            with self.cond:
+                for page in skipped:
+                    self.staged.finish(page)
+                self.cond.notify_all()
+        if pending:
+            with self.cond:
+                self._commits_inflight += 1
+            self._committer.submit(pending)  # bounded: a slow disk stalls the writer, never the callers
+
+    def _committed(self, results: list[WriteResult]) -> None:
+        """Committer thread: hand a finished batch back."""
+        with self.cond:
+            self._completed.append(results)
+            self.cond.notify_all()
+
+    def _apply_commits(self, block: bool) -> None:
+        """Apply committed batches to the pools / LRU. ``block`` waits for every batch in flight (a barrier before
+        free / clear / stop, so no commit can land after them)."""
+        while True:
+            with self.cond:
+                if block:
+                    while self._commits_inflight and not self._completed:
+                        self.cond.wait(1.0)
+                if not self._completed:
+                    return
+                results = self._completed.popleft()
+            for r in results:
+                st = r.state
+                if r.outcome is WriteOutcome.OK:
+                    self.c.spilled += 1
+                    st.lru.record(r.page.key, r.last_access, r.slot)
+                elif r.outcome is WriteOutcome.WRITE_ERROR:
+                    self._write_failed(st, r.slot, r.failure)
+                elif r.outcome is WriteOutcome.ERROR:
+                    # Unknown whether the index commit happened: keep the slot allocated (a leak until the next
+                    # clear / load) rather than risk handing out a slot an entry may reference.
+                    self.c.write_errors += 1
+                else:
+                    if r.outcome is WriteOutcome.DEDUP:  # someone stored the same page first: ours is unreferenced
+                        self.c.dedup += 1
+                    elif r.outcome is WriteOutcome.INDEX_FULL:
+                        self.c.index_full += 1
+                    st.pool.free(r.slot)
+            with self.cond:
+                self._commits_inflight -= 1
+                for r in results:
+                    self.staged.finish(r.page)
+                self.cond.notify_all()
+
+    def _write_failed(self, st: KindState, slot: int, err: "Failure | None") -> None:
+        self.c.write_errors += 1
+        if err is not None:
+            log.warning("L3 write of %s slot %d failed: %s", st.kind.label, slot, err)
+        st.pool.free(slot)
+
+    def _drain_control(self) -> None:
+        with self.cond:
+            touches, self._touch_in = self._touch_in, {}
+            bads, self._bad_in = self._bad_in, {}
+        for (kind, key), entry in bads.items():
+            # exact: the reader saw this entry some time ago; only that very commit is known to be bad, never a
+            # newer commit of the same page into the same slot.
+            self.reclaim.reclaim(kind, [(key, entry)], exact=True)
+        while self._ctl:
+            op = self._ctl.popleft()
+            ok = False
+            try:
+                self._apply_commits(block=True)  # barrier: no commit of an older spill lands after this op
+                if isinstance(op, FreePages):
+                    self.reclaim.free(op.kind, op.keys)
+                elif isinstance(op, ClearRank):
+                    ok = self._clear()
+                else:
+                    self.reclaim.until_below_watermarks()
+            except Exception as e:
+                log.error("L3 %s failed: %s", op.name, failure(e))
+                self.c.data_path_errors += 1
+            finally:
+                if isinstance(op, ClearRank):
+                    op.done.ok = ok
+                    op.done.set()
+                with self.cond:
+                    self.ctl_done += 1
+                    self.cond.notify_all()
+        for (kind, key), (entry, ts) in touches.items():
+            st = self.kinds[kind]
+            if entry.rank == self.rank and entry.disk == self.disk:
+                cur = st.lru.current.get(key)
+                if cur is not None and cur[1] == entry.slot and ts > cur[0]:
+                    st.lru.record(key, ts, entry.slot)
+            # Persist for other ranks' GC (and for a later `load`), coalesced.
+            self._touch_pending[key] = max(ts, self._touch_pending.get(key, 0))
+
+    def _clear(self) -> bool:
+        """True if every entry of this (deployment, rank) is gone.
+
+        The pools are reset only to what the index still references, whatever the index did: a delete that failed
+        or stopped partway (map full after some chunks committed) leaves entries that point at this rank's slots;
+        those slots stay allocated (and their pages present, in the LRU), so they are never handed out again while
+        an entry names them."""
+        with self.cond:
+            self.staged.drop_queued()
+            self.cond.notify_all()
+        dep = self.keys.deployment
+        ok = True
+        try:
+            self.index.delete_for(dep, self.rank)
+        except Exception as e:
+            log.error("L3 clear: index delete failed: %s", failure(e))
+            self.c.data_path_errors += 1
+            ok = False
+        survivors = []
+        if not ok:
+            try:
+                survivors = [(k, e) for k, e in self.index.scan(dep).items if e.rank == self.rank]
+            except Exception as e:
+                # What survived is unknown: keep every slot as it is (a leak until the next cold start) rather
+                # than free a slot an entry may still name.
+                log.error("L3 clear: cannot list surviving entries, keeping every slot: %s", failure(e))
+                return False
+        self.reclaim.keep_only(survivors)
+        self._touch_pending.clear()
+        return ok
+
+    def _maybe_reader_check(self) -> None:
+        """Clear dead processes' LMDB reader slots now and then (a SIGKILLed rank's slot pins old pages)."""
+        now = time.monotonic()
+        if now - self._reader_checked_at >= _READER_CHECK_INTERVAL_S:
+            self._reader_checked_at = now
+            self.index.reader_check()
+
+    def _maybe_persist_touches(self, force: bool = False) -> None:
+        if not self._touch_pending:
+            return
+        if not force and time.monotonic() - self._touch_flushed_at < _TOUCH_PERSIST_INTERVAL_S:
+            return
+        items = list(self._touch_pending.items())
+        self._touch_pending.clear()
+        self._touch_flushed_at = time.monotonic()
+        try:
+            self.index.touch_many(items)
+        except Exception:
+            self.c.data_path_errors += 1
