@@ -17,20 +17,20 @@ def _example_config(args: argparse.Namespace) -> int:
 
 
 def _fsck(args: argparse.Namespace) -> int:
-    from .fsck import run_args
+    from .tools.fsck import run_args
 
     return run_args(args)
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench import run
+    from .tools.bench import run
 
     return int(run(args) or 0)
 
 
 def add_l3_subcommands(subparsers) -> argparse.ArgumentParser:
     """Add ``l3 {example-config,fsck,bench}`` to the main CLI's subparsers; each sets ``func(args) -> int``."""
-    from .fsck import build_arg_parser
+    from .tools.fsck import build_arg_parser
 
     l3 = subparsers.add_parser("l3", help="L3 disk tier tools: example-config, fsck, bench")
     sub = l3.add_subparsers(dest="l3_command", required=True)
@@ -44,7 +44,7 @@ def add_l3_subcommands(subparsers) -> argparse.ArgumentParser:
     fs.set_defaults(func=_fsck)
 
     be = sub.add_parser("bench", help="L3 spill/reload/exists vs raw O_DIRECT on one disk, printed as ratios")
-    from .bench import add_arguments
+    from .tools.bench import add_arguments
 
     add_arguments(be)
     be.set_defaults(func=_bench)

@@ -14,7 +14,7 @@ import pytest
 
 from sglang_glm_ext.l3.config import L3Config
 from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
-from sglang_glm_ext.l3.fsck import fsck
+from sglang_glm_ext.l3.tools.fsck import fsck
 from sglang_glm_ext.l3.store import L3Store
 
 REPO = str(Path(__file__).resolve().parents[2])

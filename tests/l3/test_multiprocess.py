@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.fsck import fsck
+from sglang_glm_ext.l3.tools.fsck import fsck
 
 REPO = str(Path(__file__).resolve().parents[2])
 N_RANKS = 3

@@ -11,7 +11,7 @@ import numpy as np
 from sglang_glm_ext.l3.cli import add_l3_subcommands
 from sglang_glm_ext.l3.config import L3Config
 from sglang_glm_ext.l3.format import HEADER_SIZE, Namespace, PayloadKind, slot_bytes_for
-from sglang_glm_ext.l3.fsck import fsck, fsck_main
+from sglang_glm_ext.l3.tools.fsck import fsck, fsck_main
 from sglang_glm_ext.l3.index import IndexEntry, make_key
 from sglang_glm_ext.l3.store import L3Store
 

@@ -29,15 +29,16 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 
-from .aligned import AlignedBuffer
-from .config import L3Config, L3ConfigError
-from .format import BLOCK, PayloadKind, parse_header_reason, verify_blob_reason
-from .index import IndexEntry, L3Index, deployment_tag
-from .store import ReadOnlySlab, read_slab_meta, slab_path
+from ..aligned import AlignedBuffer
+from ..config import L3Config, L3ConfigError
+from ..format import BLOCK, BlobCheck, PayloadKind, parse_header_reason, verify_blob_reason
+from ..index import IndexEntry, L3Index, deployment_tag, split_key
+from ..slab_dir import read_slab_meta, slab_path
+from ..slab_reader import SlabReader
 
 __all__ = ["FsckReport", "fsck", "fsck_main"]
 
-_CORRUPT_REASONS = ("payload_checksum", "truncated", "length_mismatch")
+_CORRUPT_REASONS = (BlobCheck.PAYLOAD_CHECKSUM, BlobCheck.TRUNCATED, BlobCheck.LENGTH_MISMATCH)
 
 
 @dataclass
@@ -112,12 +113,12 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                        f"damaged page may miss; stop this node's servers and move the index aside to rebuild it "
                        f"cold", max_problems)
         for key, e in scan.items:
-            groups[(e.rank, e.disk, key[24])].append((key, e))
+            groups[(e.rank, e.disk, split_key(key).kind)].append((key, e))
         referenced: set[tuple[int, int, int, int]] = set()
         to_drop: list[tuple[bytes, IndexEntry]] = []
         for (rank, disk, kv), items in sorted(groups.items()):
-            kind = PayloadKind(kv) if kv in PayloadKind._value2member_map_ else None
-            path = slab_path(config, rank, kind, disk) if kind and 0 <= disk < len(config.disks) else None
+            kind = PayloadKind.from_byte(kv)
+            path = slab_path(config, rank, kind, disk) if kind is not None and 0 <= disk < len(config.disks) else None
             meta = read_slab_meta(path) if path else None
             if meta is None or not os.path.exists(path):
                 for key, e in items:
@@ -126,7 +127,7 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                 _note(rep, f"{len(items)} entries point at missing slab rank={rank} disk={disk} kind={kv}", max_problems)
                 continue
             slot_bytes, num_slots = int(meta["slot_bytes"]), int(meta["num_slots"])
-            rd = ReadOnlySlab(path, slot_bytes)
+            rd = SlabReader(path, slot_bytes, num_slots=num_slots, tolerant=True)
             buf = AlignedBuffer(slot_bytes)
             try:
                 for key, e in sorted(items, key=lambda it: it[1].slot):
@@ -144,21 +145,22 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                         to_drop.append((key, e))
                         _note(rep, f"{path} slot {e.slot}: read error {ex}", max_problems)
                         continue
+                    k = split_key(key)
                     if headers_only:
                         hdr, reason = parse_header_reason(buf.view[:BLOCK])
-                        if hdr is not None and (hdr.kind != kind or hdr.content_hash != key[25:57]
-                                                or hdr.ns_digest != key[8:24]):
-                            reason = "hash_mismatch"
+                        if hdr is not None and (hdr.kind != kind or hdr.content_hash != k.content_hash
+                                                or hdr.ns_digest != k.namespace):
+                            reason = BlobCheck.HASH_MISMATCH
                     else:
-                        reason = verify_blob_reason(buf.view, kind=kind, content_hash=key[25:57],
-                                                    ns_digest=key[8:24])[1]
-                    if reason == "ok":
+                        reason = verify_blob_reason(buf.view, kind=kind, content_hash=k.content_hash,
+                                                    ns_digest=k.namespace)[1]
+                    if reason is BlobCheck.OK:
                         rep.live += 1
                     elif reason in _CORRUPT_REASONS:
                         rep.corrupt += 1
                         to_drop.append((key, e))
                         _note(rep, f"{path} slot {e.slot}: corrupt ({reason})", max_problems)
-                    elif reason == "unknown_version":
+                    elif reason is BlobCheck.UNKNOWN_VERSION:
                         rep.unknown_version += 1
                         _note(rep, f"{path} slot {e.slot}: unknown format version", max_problems)
                     else:
@@ -180,11 +182,9 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                     if meta is None or not os.path.exists(path):
                         continue
                     rep.slabs_scanned += 1
-                    slot_bytes, num_slots = int(meta["slot_bytes"]), int(meta["num_slots"])
-                    num_slots = min(num_slots, os.path.getsize(path) // slot_bytes)
-                    rd = ReadOnlySlab(path, slot_bytes)
+                    rd = SlabReader(path, int(meta["slot_bytes"]), num_slots=int(meta["num_slots"]), tolerant=True)
                     try:
-                        for slot in range(num_slots):
+                        for slot in range(rd.num_slots):  # what the file holds
                             if (rank, disk, int(kind), slot) in referenced:
                                 continue
                             try:
@@ -192,9 +192,9 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                             except OSError:
                                 continue
                             hdr, reason = parse_header_reason(hbuf.view)
-                            if reason == "empty":
+                            if reason is BlobCheck.EMPTY:
                                 rep.empty += 1
-                            elif reason == "unknown_version":
+                            elif reason is BlobCheck.UNKNOWN_VERSION:
                                 rep.unknown_version += 1
                             elif hdr is not None:
                                 rep.orphan_slot += 1
