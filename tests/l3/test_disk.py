@@ -36,13 +36,6 @@ def read_verified(slab, slot, key="ab" * 32):
     return (bytes(got) if got is not None else None), reason
 
 
-@pytest.fixture
-def slab(tmp_path):
-    s = DiskSlab.open(tmp_path / "l3" / "target_kv.rank0.slab", slot_bytes=SLOT, num_slots=8)
-    yield s
-    s.close()
-
-
 def test_o_direct_roundtrip_on_real_file(slab):
     assert slab.io_mode == "o_direct" and slab.fallback_reason is None
     buf, payload = blob(1)

@@ -44,13 +44,6 @@ def cfg(tmp_path, slots=64, **over):
     return L3Config.from_dict(d)
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = L3Store.open(cfg(tmp_path), rank=0, namespace=NS, page_bytes={K: PB})
-    yield s
-    s.close()
-
-
 def spill_durable(s, idxs, salt="k"):
     acc = s.spill(K, [key(i, salt) for i in idxs], [page(i, salt) for i in idxs])
     assert all(acc)
