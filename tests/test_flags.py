@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from sglang_glm_ext import flags
+from sglang_glm_ext.plugin import flags, hooks
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -83,7 +83,7 @@ class _FakeEngine:
 
 def test_engine_keywords_are_taken_out_and_attached():
     eng = _FakeEngine()
-    flags.hook_engine_init(lambda self, **kw: self.original(**kw), eng, model_path="dummy",
+    hooks.hook_engine_init(lambda self, **kw: self.original(**kw), eng, model_path="dummy",
                            log_cuda_graph_buffers=True)
     assert eng.built._glm_ext["log_cuda_graph_buffers"] is True
     assert "server_args_class" not in eng.__dict__  # the per-construction shadow is gone afterwards
@@ -92,7 +92,7 @@ def test_engine_keywords_are_taken_out_and_attached():
 def test_engine_rejects_bad_plugin_keyword_value():
     eng = _FakeEngine()
     with pytest.raises(flags.PluginFlagError, match="expects true/false"):
-        flags.hook_engine_init(lambda self, **kw: self.original(**kw), eng, model_path="dummy",
+        hooks.hook_engine_init(lambda self, **kw: self.original(**kw), eng, model_path="dummy",
                                log_cuda_graph_buffers="yes")
 
 
@@ -125,7 +125,7 @@ def test_scheduler_process_reads_flags_from_the_published_record():
 def _child_reads_flags(server_args):
     from sglang.srt.server_args import set_global_server_args_for_scheduler
 
-    from sglang_glm_ext import flags as child_flags
+    from sglang_glm_ext.plugin import flags as child_flags
 
     set_global_server_args_for_scheduler(server_args)
     return child_flags.get()

@@ -14,7 +14,7 @@ PROBE = textwrap.dedent(
     import json, sys
     fake = __FAKE__
     if fake:
-        import sglang_glm_ext.compat as compat
+        import sglang_glm_ext.plugin.compat as compat
         compat.installed_sglang_version = lambda: fake
     sys.argv = ["launch_server"] + __ARGV__
     out = {}

@@ -160,7 +160,7 @@ def test_plugin_refuses_sglang_chunk_limit_over_ceiling(monkeypatch):
 
 def test_check_detects_missing_plugin_hook(monkeypatch):
     # Without the patch (or with a hook that lets everything through) the check must fail.
-    monkeypatch.setattr("sglang_glm_ext.hostmem.hook.check_cuda_host_register", lambda *a, **k: None)
+    monkeypatch.setattr("sglang_glm_ext.hostmem.hooks.check_cuda_host_register", lambda *a, **k: None)
     _apply_plugin_patch(monkeypatch)
     with pytest.raises(AssertionError):
         check_plugin_refuses_layer_first_over_ceiling(monkeypatch)

@@ -39,7 +39,7 @@ def active() -> bool:
     global _ACTIVE
     if _ACTIVE is None:
         try:
-            from .. import features
+            from ..plugin import features
 
             _ACTIVE = features.is_active("cg_mem")
         except Exception as exc:  # a bad SGLANG_LOG_CG_BUFFERS value must not stop model loading

@@ -18,14 +18,12 @@ Routes in:
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from . import envs
+from .. import envs
 
-logger = logging.getLogger("sglang_glm_ext")
 
 ATTR = "_glm_ext"
 
@@ -123,7 +121,7 @@ def _validate_l3(path: str | None) -> None:
     if not os.path.isfile(path):
         raise PluginFlagError(f"--cp-l3-config {path!r}: no such file")
     try:
-        from .l3.config import L3Config
+        from ..l3.config import L3Config
     except ImportError as exc:  # pragma: no cover - packaging bug
         raise PluginFlagError(f"--enable-cp-l3: L3 engine not importable: {exc}") from exc
     try:
@@ -146,54 +144,3 @@ def get(server_args: Any = None) -> dict[str, Any]:
         except Exception:
             server_args = None
     return fold_env(getattr(server_args, ATTR, None) or {f.name: f.default for f in FLAGS})
-
-
-# ---- hooks (declared in sglang_glm_ext/patches.py) ----
-
-def hook_add_cli_args(result, parser, *args, **kwargs):
-    add_arguments(parser)
-    return result
-
-
-def hook_from_cli_args(server_args, cls, ns, *args, **kwargs):
-    _guard_version(values_from_namespace(ns))
-    try:
-        attach(server_args, validate(values_from_namespace(ns)))
-    except PluginFlagError as exc:
-        raise SystemExit(f"sglang-glm-ext: {exc}") from None
-    return server_args
-
-
-def hook_engine_init(original: Callable, self, *args, **kwargs):
-    ours = pop_engine_kwargs(kwargs)
-    _guard_version(ours)
-    values = validate(ours)  # Engine users get a ValueError subclass, not SystemExit
-    if "server_args" in kwargs:
-        attach(kwargs["server_args"], values)
-        return original(self, *args, **kwargs)
-    cls = self.server_args_class
-
-    def build(**kw):
-        sa = cls(**kw)
-        attach(sa, values)
-        return sa
-
-    # An instance attribute shadows the class one for this construction only; restore whatever was there.
-    had, prev = "server_args_class" in self.__dict__, self.__dict__.get("server_args_class")
-    self.server_args_class = build
-    try:
-        return original(self, *args, **kwargs)
-    finally:
-        if had:
-            self.__dict__["server_args_class"] = prev
-        else:
-            self.__dict__.pop("server_args_class", None)
-
-
-def _guard_version(values: dict[str, Any]) -> None:
-    from . import compat
-
-    asked = [FLAG_BY_NAME[n].cli for n, v in values.items() if v not in (None, False)]
-    status = compat.version_status()
-    if asked and not status.patches_allowed:
-        raise compat.UnsupportedSGLangError(status.unsupported_message(" ".join(asked)))

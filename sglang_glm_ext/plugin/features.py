@@ -44,7 +44,7 @@ FEATURE_BY_NAME = {f.name: f for f in FEATURES}
 
 def why_unavailable(name: str) -> str:
     """'' when the feature can work in this process, else the reason it cannot."""
-    from . import ledger_state
+    from .register import ledger_state
 
     feature = FEATURE_BY_NAME[name]
     if feature.unavailable:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def flags_table() -> str:
-    from .envs import ENV_VARS
+    from ..envs import ENV_VARS
     from .flags import FLAGS
 
     rows = ["| switch | kind | feature | default | what it does |", "|---|---|---|---|---|"]

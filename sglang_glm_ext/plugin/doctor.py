@@ -35,7 +35,7 @@ def _entry_point_registered() -> bool:
 
 def _load_plugin() -> str:
     """Load the plugin the way a server does; returns how it was loaded."""
-    import sglang_glm_ext as plugin
+    from . import register as plugin
 
     try:
         from sglang.srt.plugins import load_plugins
@@ -103,8 +103,8 @@ def l3_paths(config_path: str | None) -> tuple[list[dict[str, Any]], list[str]]:
         return [], []
     problems: list[str] = []
     try:
-        from .l3.config import L3Config
-        from .diskcheck import probe_path
+        from ..l3.config import L3Config
+        from ..l3.diskcheck import probe_path
     except ImportError as exc:
         return [], [f"L3 engine not importable: {exc}"]
     try:
@@ -120,8 +120,8 @@ def l3_paths(config_path: str | None) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
-    import sglang_glm_ext as plugin
-    from . import compat, features, flags
+    from . import __version__, compat, features, flags
+    from . import register as plugin
 
     loaded_via = _load_plugin()
     status = compat.version_status()
@@ -162,7 +162,7 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
         "schema": SCHEMA,
         "ok": not problems,
         "problems": problems,
-        "plugin": {"version": plugin.__version__, "disabled": plugin.is_disabled(),
+        "plugin": {"version": __version__, "disabled": plugin.is_disabled(),
                    "entry_point": _entry_point_registered(), "loaded_via": loaded_via},
         "sglang": {"installed": status.installed, "supported": status.supported,
                    "supported_versions": list(compat.SUPPORTED_SGLANG), "forced": status.forced},

@@ -23,8 +23,8 @@ from sglang.srt.plugins.hook_registry import HookType, _wrap_fn  # noqa: E402
 from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner  # noqa: E402
 from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner  # noqa: E402
 
-from sglang_glm_ext.cgmem import attribution as attr  # noqa: E402
-from sglang_glm_ext.cgmem import hooks  # noqa: E402
+from sglang_glm_ext.cuda_graph_mem import attribution as attr  # noqa: E402
+from sglang_glm_ext.cuda_graph_mem import hooks  # noqa: E402
 from sglang_glm_ext.patches import PATCHES  # noqa: E402
 
 Decode = dcgr.DecodeCudaGraphRunner
