@@ -5,9 +5,9 @@ import types
 
 import pytest
 
-from sglang_glm_ext.patches import PATCHES
+from sglang_glm_ext.plugin.registry import PATCHES
 from sglang_glm_ext.patching import contract
-from sglang_glm_ext.patching.ledger import Patch, Tier
+from sglang_glm_ext.declare import Patch, Tier
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=[p.id for p in PATCHES])

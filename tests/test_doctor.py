@@ -24,7 +24,7 @@ def report():
 
 
 def test_json_reports_supported_sglang_and_every_patch_applied(report):
-    from sglang_glm_ext.patches import PATCHES
+    from sglang_glm_ext.plugin.registry import PATCHES
 
     assert report["schema"] == 1 and report["ok"] is True and report["problems"] == []
     assert report["sglang"] == {"installed": "0.5.23", "supported": True, "supported_versions": ["0.5.23"],

@@ -3,7 +3,7 @@
 import pathlib
 import re
 
-from sglang_glm_ext.envs import ENV_VARS
+from sglang_glm_ext.plugin.registry import ENV_VARS
 
 PKG = pathlib.Path(__file__).resolve().parents[1] / "sglang_glm_ext"
 
@@ -20,7 +20,7 @@ def test_every_env_read_is_declared():
 def test_bool_parsing_is_strict(monkeypatch):
     import pytest
 
-    from sglang_glm_ext.envs import DISABLE
+    from sglang_glm_ext.plugin.envs import DISABLE
 
     monkeypatch.setenv(DISABLE.name, "on")
     assert DISABLE.get_bool() is True

@@ -136,7 +136,7 @@ def test_switched_on_feature_whose_patch_failed_refuses_the_launch(monkeypatch):
     from sglang_glm_ext.patching.ledger import State
 
     led = plugin.ledger_state()
-    cg = [s for s in led.status.values() if s.patch.feature == "cg_mem"]
+    cg = [s for s in led.status.values() if s.patch.feature.name == "cg_mem"]
     if not cg:
         pytest.skip("no cg_mem patch declared yet")
     monkeypatch.setattr(cg[0], "state", State.FAILED)

@@ -71,7 +71,7 @@ def test_kill_switch_applies_nothing_and_registers_no_flag():
 
 def test_unsupported_version_skips_feature_patches_but_keeps_guards():
     out = run_probe(fake="0.5.99")
-    from sglang_glm_ext.patches import PATCHES
+    from sglang_glm_ext.plugin.registry import PATCHES
 
     for p in PATCHES:
         expect = "applied" if p.tier.value == "guard" else "skipped"

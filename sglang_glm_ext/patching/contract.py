@@ -29,6 +29,6 @@ def check(patch: Patch) -> list[str]:
         if got != patch.source_sha:
             problems.append(
                 f"{patch.id}: source of {patch.target} changed (digest {got}, declared {patch.source_sha}); "
-                "review the hook against the new code, then update source_sha in sglang_glm_ext/patches.py"
+                "review the hook against the new code, then update source_sha in its feature's patches.py"
             )
     return problems

@@ -15,45 +15,15 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import importlib
 import inspect
 import logging
 import pkgutil
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..declare import Patch, Tier
+
 logger = logging.getLogger("sglang_glm_ext")
-
-
-class Tier(str, enum.Enum):
-    # Guard patches make plugin flags parse and fail with a clear message; they go in on any SGLang version.
-    GUARD = "guard"
-    # Feature patches change serving behaviour; only on a supported SGLang (or when forced).
-    FEATURE = "feature"
-
-
-@dataclass(frozen=True)
-class Patch:
-    """One change to SGLang. Every field ends up in docs_internal/patch_manifest.md."""
-
-    id: str
-    target: str  # dotted path of the patched attribute in SGLang
-    hook_type: str  # before | after | around | replace (SGLang HookType values)
-    hook: str  # "module:function" of our hook
-    feature: str
-    tier: Tier
-    reason: str
-    seed_lines: str  # lines of ../shared/seed/000_*.txt this carries ("-" for plugin infrastructure)
-    sglang_versions: tuple[str, ...]  # releases the patch applies to
-    remove_when: str
-    # Parameter names the hook relies on, checked by tests/test_contracts.py against the installed SGLang.
-    signature: tuple[str, ...]
-    # sha256[:16] of the target's source at the time the hook was written (drift check, vllm-sail style).
-    source_sha: str = ""
-
-    def resolve_hook(self) -> Callable:
-        module, _, name = self.hook.partition(":")
-        return getattr(importlib.import_module(module), name)
 
 
 class State(str, enum.Enum):

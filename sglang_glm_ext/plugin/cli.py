@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "manifest":
         from ..patching.manifest import render
+        from .registry import PATCHES
 
-        text = render()
+        text = render(PATCHES)
         if args.write:
             with open(args.write, "w") as f:
                 f.write(text)

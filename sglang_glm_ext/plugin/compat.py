@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 from dataclasses import dataclass
 
-from .. import envs
+from . import envs
 
 # Exact releases the patches were written and contract-tested against. Widen only after the contract tests
 # (tests/test_contracts.py) pass on the new release and the patch manifest has been regenerated.

@@ -120,8 +120,10 @@ def l3_paths(config_path: str | None) -> tuple[list[dict[str, Any]], list[str]]:
 
 
 def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
+    from ..patching.ledger import State
     from . import __version__, compat, features, flags
     from . import register as plugin
+    from .registry import FEATURES
 
     loaded_via = _load_plugin()
     status = compat.version_status()
@@ -138,18 +140,18 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
     for p in (ledger.patches if ledger else ()):
         st = ledger.status.get(p.id)
         patches.append({
-            "id": p.id, "target": p.target, "feature": p.feature, "tier": p.tier.value,
-            "state": st.state.value if st else "pending", "detail": st.detail if st else "",
+            "id": p.id, "target": p.target, "feature": p.feature.name, "tier": p.tier.value,
+            "state": st.state.value if st else State.PENDING.value, "detail": st.detail if st else "",
         })
-        if st and st.state.value == "failed":
+        if st and st.state is State.FAILED:
             problems.append(f"patch {p.id} on {p.target} failed: {st.detail}")
 
     values = dict(flags.get())
     values.update({k: v for k, v in (flag_values or {}).items() if v not in (None, False)})
     feats = []
-    for f in features.FEATURES:
-        active = features.active_in(f.name, values)
-        why = features.why_unavailable(f.name) if not plugin.is_disabled() else "plugin disabled"
+    for f in FEATURES:
+        active = f.switched_on(values)
+        why = features.why_unavailable(f) if not plugin.is_disabled() else "plugin disabled"
         feats.append({"name": f.name, "title": f.title, "active": active, "available": not why,
                       "why_unavailable": why})
         if active and why:

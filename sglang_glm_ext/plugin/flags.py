@@ -1,8 +1,8 @@
-"""The plugin's command-line flags, carried the SGLang way.
+"""The plugin's flags: parsed, validated and carried the SGLang way (each feature declares its own in feature.py).
 
 0.5.23's ServerArgs is a sealed msgspec struct built at import time: no field can be added. Its `dict=True`
 bookkeeping is the seam: `ServerArgs.__setattr__` accepts non-field underscore names, and `__reduce__` pickles
-`__dict__` along with the fields, so `server_args._glm_ext` reaches every scheduler subprocess.
+`__dict__` along with the fields, so `server_args._glm_ext` (declare.CARRIER_ATTR) reaches every scheduler subprocess.
 
 Routes in:
 - `python -m sglang.launch_server` / `sglang serve`: an AFTER hook on `ServerArgs.add_cli_args` adds an
@@ -19,42 +19,15 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping, Sequence
 
-from .. import envs
+from ..declare import CARRIER_ATTR, PluginFlagError, carried_values
+from .registry import FEATURES, FEATURE_ENV_VARS, FLAG_BY_NAME, FLAGS
 
-
-ATTR = "_glm_ext"
-
-
-class PluginFlagError(ValueError):
-    """A plugin flag has a bad value; raised before serving starts."""
-
-
-@dataclass(frozen=True)
-class Flag:
-    name: str  # attribute / Engine keyword
-    feature: str
-    help: str
-    kind: str = "bool"  # bool | path | int
-    default: Any = None
-    env: envs.EnvVar | None = None
-
-    @property
-    def cli(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-
-FLAGS: tuple[Flag, ...] = (
-    Flag("enable_cp_l3", "l3", "Enable the durable L3 disk tier for HiCache (needs --cp-l3-config).", "bool", False),
-    Flag("cp_l3_config", "l3", "Path to the L3 config (TOML or JSON); `sglang-glm-ext l3 example-config` writes one.",
-         "path", None),
-    Flag("log_cuda_graph_buffers", "cg_mem",
-         "At decode CUDA-graph capture, log static buffers, aliasing and graph-pool growth per shape (rank 0).",
-         "bool", False, envs.LOG_CG_BUFFERS),
-)
-FLAG_BY_NAME = {f.name: f for f in FLAGS}
+__all__ = [
+    "FLAGS", "FLAG_BY_NAME", "PluginFlagError", "add_arguments", "asked_at_launch", "asked_in_values", "attach",
+    "get", "pop_engine_kwargs", "validate", "values_from_namespace",
+]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,8 +51,9 @@ def pop_engine_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {name: kwargs.pop(name) for name in list(kwargs) if name in FLAG_BY_NAME}
 
 
-def validate(values: dict[str, Any]) -> dict[str, Any]:
-    """Normalize and check flag values. Every problem is a PluginFlagError naming the flag."""
+def validate(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Normalize and check flag values: every flag present (defaults filled in), each of the right kind, and each
+    feature's own check passed. Every problem is a PluginFlagError naming the flag."""
     out = {f.name: f.default for f in FLAGS}
     for name, value in values.items():
         flag = FLAG_BY_NAME.get(name)
@@ -88,59 +62,33 @@ def validate(values: dict[str, Any]) -> dict[str, Any]:
         if flag.kind == "bool" and not isinstance(value, bool):
             raise PluginFlagError(f"{flag.cli} expects true/false, got {value!r}")
         out[name] = value
-    if out["cp_l3_config"] is not None and not out["enable_cp_l3"]:
-        raise PluginFlagError("--cp-l3-config was given without --enable-cp-l3; add --enable-cp-l3 or drop it")
-    if out["enable_cp_l3"]:
-        _validate_l3(out["cp_l3_config"])
-    _require_active_features_available(out)
+    for feature in FEATURES:
+        if feature.validate is not None:
+            feature.validate(out)
     return out
 
 
-def _require_active_features_available(values: dict[str, Any]) -> None:
-    """A feature switched on (by flag or env var) whose patches did not land refuses the launch, loudly."""
-    from . import features
-
-    resolved = fold_env(values)
-    for feature in features.FEATURES:
-        if not feature.always_on and features.active_in(feature.name, resolved):
-            features.require_available(feature.name)
-
-
-def fold_env(values: dict[str, Any]) -> dict[str, Any]:
-    """An env var switches a boolean feature on without its flag."""
-    out = dict(values)
-    for flag in FLAGS:
-        if flag.env is not None and flag.kind == "bool" and not out.get(flag.name) and flag.env.get_bool():
-            out[flag.name] = True
-    return out
-
-
-def _validate_l3(path: str | None) -> None:
-    if not path:
-        raise PluginFlagError("--enable-cp-l3 needs --cp-l3-config PATH (write one: sglang-glm-ext l3 example-config)")
-    if not os.path.isfile(path):
-        raise PluginFlagError(f"--cp-l3-config {path!r}: no such file")
-    try:
-        from ..l3.config import L3Config
-    except ImportError as exc:  # pragma: no cover - packaging bug
-        raise PluginFlagError(f"--enable-cp-l3: L3 engine not importable: {exc}") from exc
-    try:
-        L3Config.load(path)
-    except Exception as exc:
-        raise PluginFlagError(f"--cp-l3-config {path!r}: {exc}") from exc
-
-
-def attach(server_args: Any, values: dict[str, Any]) -> None:
-    setattr(server_args, ATTR, dict(values))
+def attach(server_args: Any, values: Mapping[str, Any]) -> None:
+    setattr(server_args, CARRIER_ATTR, dict(values))
 
 
 def get(server_args: Any = None) -> dict[str, Any]:
-    """The plugin flag values in effect in this process (defaults when none were given)."""
-    if server_args is None:
-        try:
-            from sglang.srt.runtime_context import get_server_args
+    """The plugin flag values in effect in this process: those carried on `server_args` (or on the record SGLang
+    published), defaults for the rest, each bool flag turned on by its env var."""
+    carried = carried_values(server_args)
+    return {f.name: f.value_in(carried) for f in FLAGS}
 
-            server_args = get_server_args()
-        except Exception:
-            server_args = None
-    return fold_env(getattr(server_args, ATTR, None) or {f.name: f.default for f in FLAGS})
+
+def asked_in_values(values: Mapping[str, Any]) -> list[str]:
+    """The flags these values ask for (given, not left at off/None), by their CLI names."""
+    return [FLAG_BY_NAME[n].cli for n, v in values.items() if n in FLAG_BY_NAME and v not in (None, False)]
+
+
+def asked_at_launch(argv: Sequence[str]) -> list[str]:
+    """The plugin flags on a launch's command line and the feature env vars set in its environment.
+
+    Read from argv, not the parser: on an SGLang the plugin does not know, the parser hooks may not go in.
+    """
+    asked = [f.cli for f in FLAGS if any(a == f.cli or a.startswith(f.cli + "=") for a in argv)]
+    asked += [e.name for e in FEATURE_ENV_VARS if e.is_set() and os.environ[e.name] not in ("", "0")]
+    return asked

@@ -1,4 +1,4 @@
-"""The flag hooks SGLang calls through the guard patches (declared in sglang_glm_ext/patches.py).
+"""The flag hooks SGLang calls through the guard patches (declared in plugin/patches.py).
 
 They go in on any SGLang version: on an unsupported one they turn a plugin flag into one clear error instead of
 "unrecognized arguments".
@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .flags import FLAG_BY_NAME, PluginFlagError, add_arguments, attach, pop_engine_kwargs, validate, values_from_namespace
+from .features import require_switched_on_available
+from .flags import (
+    FLAG_BY_NAME, PluginFlagError, add_arguments, attach, pop_engine_kwargs, validate, values_from_namespace,
+)
 
 
 def hook_add_cli_args(result, parser, *args, **kwargs):
@@ -19,7 +22,9 @@ def hook_add_cli_args(result, parser, *args, **kwargs):
 def hook_from_cli_args(server_args, cls, ns, *args, **kwargs):
     _guard_version(values_from_namespace(ns))
     try:
-        attach(server_args, validate(values_from_namespace(ns)))
+        values = validate(values_from_namespace(ns))
+        require_switched_on_available(values)
+        attach(server_args, values)
     except PluginFlagError as exc:
         raise SystemExit(f"sglang-glm-ext: {exc}") from None
     return server_args
@@ -29,6 +34,7 @@ def hook_engine_init(original: Callable, self, *args, **kwargs):
     ours = pop_engine_kwargs(kwargs)
     _guard_version(ours)
     values = validate(ours)  # Engine users get a ValueError subclass, not SystemExit
+    require_switched_on_available(values)
     if "server_args" in kwargs:
         attach(kwargs["server_args"], values)
         return original(self, *args, **kwargs)

@@ -7,12 +7,11 @@ ledger for this process (`ledger_state()`: the flag hooks and `doctor` read it).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
-from .. import envs
 from ..patching.ledger import Ledger, State, apply_all
-from . import __version__, compat
+from . import __version__, compat, envs
+from .registry import PATCHES
 
 logger = logging.getLogger("sglang_glm_ext")
 
@@ -38,8 +37,6 @@ def register(argv: list[str] | None = None) -> Ledger | None:
         _DISABLED = True
         logger.warning("sglang-glm-ext: disabled by %s=1; no patch applied, no flag registered", envs.DISABLE.name)
         return None
-
-    from ..patches import PATCHES
 
     status = compat.version_status()
     if not status.patches_allowed:
@@ -67,11 +64,9 @@ def refuse_feature_usage(status: compat.VersionStatus, argv: list[str] | None = 
     Raised as SystemExit because load_plugins() swallows Exception. Flags are found in argv here since the
     parser hooks may not be installable on an SGLang we do not know.
     """
-    from .flags import FLAGS
+    from .flags import asked_at_launch
 
-    argv = sys.argv[1:] if argv is None else argv
-    asked = [f.cli for f in FLAGS if any(a == f.cli or a.startswith(f.cli + "=") for a in argv)]
-    asked += [e.name for e in envs.ENV_VARS if e.feature != "plugin" and e.is_set() and os.environ[e.name] not in ("", "0")]
+    asked = asked_at_launch(sys.argv[1:] if argv is None else argv)
     if asked:
         raise compat.UnsupportedSGLangError(status.unsupported_message(", ".join(asked)))
 

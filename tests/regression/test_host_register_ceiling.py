@@ -20,7 +20,7 @@ import torch
 
 import sglang.srt.mem_cache.pool_host.common as common
 from sglang_glm_ext.hostmem.plan import GIB, HostRegisterPlanError, page_first_unit
-from sglang_glm_ext.patches import PATCHES
+from sglang_glm_ext.plugin.registry import PATCHES
 from sglang_glm_ext.patching.ledger import State, apply_one, resolve_original
 
 CEILING = 480 * GIB  # the plugin default (envs.HOST_REGISTER_MAX_GB)
