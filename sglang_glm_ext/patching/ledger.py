@@ -123,13 +123,30 @@ def apply_one(patch: Patch, source) -> PatchStatus:
     return status
 
 
-def apply_all(ledger: Ledger, *, allow_features: bool, why_skipped: str) -> Ledger:
+def skip_reason(patch: Patch, installed: str | None, *, forced: bool = False) -> str:
+    """'' when `patch` goes in on SGLang `installed`, else why it is skipped.
+
+    Guard patches go in everywhere (they only make plugin flags parse and fail clearly). A feature patch goes in
+    only on a release in its own `sglang_versions`, or on any installed release when forced
+    (SGLANG_GLM_EXT_FORCE_UNSUPPORTED=1).
+    """
+    if patch.tier is Tier.GUARD or installed in patch.sglang_versions:
+        return ""
+    if forced and installed is not None:
+        return ""
+    return (f"sglang {installed or 'absent'} is outside this patch's SGLang versions "
+            f"({', '.join(patch.sglang_versions)})")
+
+
+def apply_all(ledger: Ledger, *, installed: str | None, forced: bool = False) -> Ledger:
+    """Apply every patch of `ledger` that skip_reason() lets in on `installed`; record each one's state."""
     from sglang.srt.plugins.hook_registry import HookSource
 
     source = HookSource(plugin_name="glm_ext", dist_name="sglang-glm-ext")
     for patch in ledger.patches:
-        if patch.tier is Tier.FEATURE and not allow_features:
-            ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, why_skipped)
+        why = skip_reason(patch, installed, forced=forced)
+        if why:
+            ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, why)
             continue
         st = apply_one(patch, source)
         ledger.status[patch.id] = st

@@ -14,7 +14,8 @@ Do not edit by hand: `tests/patching/test_manifest.py` fails when this file is s
 Each target's signature and source digest are checked against the installed SGLang by `tests/test_contracts.py`.
 
 Tiers: **guard** patches go in on any SGLang version (they only make plugin flags parse and fail clearly);
-**feature** patches go in only on a supported SGLang, or with `SGLANG_GLM_EXT_FORCE_UNSUPPORTED=1`.
+**feature** patches go in only on a release in their own SGLang column (elsewhere the ledger skips them and
+`doctor` says why), or on any release with `SGLANG_GLM_EXT_FORCE_UNSUPPORTED=1`.
 
 """
 

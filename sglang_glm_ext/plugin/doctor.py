@@ -34,22 +34,21 @@ def _entry_point_registered() -> bool:
 
 
 def _load_plugin() -> str:
-    """Load the plugin the way a server does; returns how it was loaded."""
+    """Load the plugin the way a server does, minus the launch check of argv; returns how it was loaded.
+
+    doctor's own argv carries the flags being checked (`doctor --enable-cp-l3 ...`), not a launch: on an
+    unsupported SGLang it must report, not exit. So it registers with no argv to check first; load_plugins()
+    then runs the entry point (which returns that ledger) and applies other plugins' hooks, as in a server.
+    """
     from . import register as plugin
 
     try:
         from sglang.srt.plugins import load_plugins
     except Exception as exc:  # sglang missing or broken: register() cannot patch anything either
         return f"sglang.srt.plugins not importable: {exc}"
-    # doctor's own argv carries the flags being checked (`doctor --enable-cp-l3 ...`); on an unsupported SGLang
-    # register() would treat them as a launch asking for a feature and exit, and doctor must report instead.
-    saved_argv, sys.argv = sys.argv, sys.argv[:1]
-    try:
-        load_plugins()
-    finally:
-        sys.argv = saved_argv
-    if plugin.ledger_state() is None and not plugin.is_disabled():
-        plugin.register()  # not installed as a distribution (source checkout): still show the patches
+    plugin.register(argv=())
+    load_plugins()
+    if not _entry_point_registered():
         return "register() called directly (entry point not installed)"
     return "load_plugins()"
 

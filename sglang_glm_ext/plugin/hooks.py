@@ -6,11 +6,12 @@ They go in on any SGLang version: on an unsupported one they turn a plugin flag 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
+from .compat import refuse_unsupported
 from .features import require_switched_on_available
 from .flags import (
-    FLAG_BY_NAME, PluginFlagError, add_arguments, attach, pop_engine_kwargs, validate, values_from_namespace,
+    PluginFlagError, add_arguments, asked_in_values, attach, pop_engine_kwargs, validate, values_from_namespace,
 )
 
 
@@ -20,9 +21,10 @@ def hook_add_cli_args(result, parser, *args, **kwargs):
 
 
 def hook_from_cli_args(server_args, cls, ns, *args, **kwargs):
-    _guard_version(values_from_namespace(ns))
+    given = values_from_namespace(ns)
+    refuse_unsupported(asked_in_values(given))
     try:
-        values = validate(values_from_namespace(ns))
+        values = validate(given)
         require_switched_on_available(values)
         attach(server_args, values)
     except PluginFlagError as exc:
@@ -32,7 +34,7 @@ def hook_from_cli_args(server_args, cls, ns, *args, **kwargs):
 
 def hook_engine_init(original: Callable, self, *args, **kwargs):
     ours = pop_engine_kwargs(kwargs)
-    _guard_version(ours)
+    refuse_unsupported(asked_in_values(ours))
     values = validate(ours)  # Engine users get a ValueError subclass, not SystemExit
     require_switched_on_available(values)
     if "server_args" in kwargs:
@@ -56,11 +58,3 @@ def hook_engine_init(original: Callable, self, *args, **kwargs):
         else:
             self.__dict__.pop("server_args_class", None)
 
-
-def _guard_version(values: dict[str, Any]) -> None:
-    from . import compat
-
-    asked = [FLAG_BY_NAME[n].cli for n, v in values.items() if v not in (None, False)]
-    status = compat.version_status()
-    if asked and not status.patches_allowed:
-        raise compat.UnsupportedSGLangError(status.unsupported_message(" ".join(asked)))

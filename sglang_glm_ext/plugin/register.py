@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Sequence
 
 from ..patching.ledger import Ledger, State, apply_all
 from . import __version__, compat, envs
+from .flags import asked_at_launch
 from .registry import PATCHES
 
 logger = logging.getLogger("sglang_glm_ext")
@@ -28,8 +30,13 @@ def is_disabled() -> bool:
     return _DISABLED
 
 
-def register(argv: list[str] | None = None) -> Ledger | None:
-    """SGLang plugin entry point. Idempotent: a second call returns the first call's ledger."""
+def register(argv: Sequence[str] | None = None) -> Ledger | None:
+    """SGLang plugin entry point. Idempotent: a second call returns the first call's ledger.
+
+    `argv` is the launch to check for plugin flags on an unsupported SGLang: SGLang's load_plugins() passes
+    nothing, so this process's own command line (sys.argv[1:]) is checked; doctor passes () because its argv
+    holds the flags it reports on, not a launch.
+    """
     global _LEDGER, _DISABLED
     if _LEDGER is not None or _DISABLED:
         return _LEDGER
@@ -40,13 +47,12 @@ def register(argv: list[str] | None = None) -> Ledger | None:
 
     status = compat.version_status()
     if not status.patches_allowed:
-        refuse_feature_usage(status, argv)
+        compat.refuse_unsupported(asked_at_launch(sys.argv[1:] if argv is None else argv), status)
         logger.warning(
             "sglang-glm-ext: %s; feature patches are not applied (supported: %s)",
             status.describe(), ", ".join(compat.SUPPORTED_SGLANG),
         )
-    why = f"{status.describe()}; supported: {', '.join(compat.SUPPORTED_SGLANG)}"
-    ledger = apply_all(Ledger(PATCHES), allow_features=status.patches_allowed, why_skipped=why)
+    ledger = apply_all(Ledger(PATCHES), installed=status.installed, forced=status.forced)
     _LEDGER = ledger
     applied = sum(s.state is State.APPLIED for s in ledger.status.values())
     failed = ledger.failed()
@@ -56,19 +62,6 @@ def register(argv: list[str] | None = None) -> Ledger | None:
         logger.error("sglang-glm-ext: %d patch(es) failed; features that need them refuse to start: %s",
                      len(failed), ", ".join(s.patch.id for s in failed))
     return ledger
-
-
-def refuse_feature_usage(status: compat.VersionStatus, argv: list[str] | None = None) -> None:
-    """On an unsupported SGLang, a user who asked for a plugin feature gets one clear error, now.
-
-    Raised as SystemExit because load_plugins() swallows Exception. Flags are found in argv here since the
-    parser hooks may not be installable on an SGLang we do not know.
-    """
-    from .flags import asked_at_launch
-
-    asked = asked_at_launch(sys.argv[1:] if argv is None else argv)
-    if asked:
-        raise compat.UnsupportedSGLangError(status.unsupported_message(", ".join(asked)))
 
 
 def _reset_for_tests() -> None:
