@@ -4,15 +4,19 @@ Row order is the order users see: doctor's feature list, the flag/env table, and
 ledger) is the rows' patch declarations concatenated in that order, so patch ids, the generated
 docs_internal/patch_manifest.md and the contract test follow from the rows alone.
 
-Adding a feature: its folder (docs_internal/architecture.md says what goes in it) plus one row here.
+Adding a feature: its folder (docs_internal/architecture.md says what goes in it) plus one row in ROWS, and one
+entry in DOCTOR_PARTS when the folder has a doctor.py.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ..cuda_graph_mem import feature as cuda_graph_mem, patches as cuda_graph_mem_patches
-from ..declare import EnvVar, Feature, Flag, Patch
-from ..hostmem import feature as hostmem, patches as hostmem_patches
-from ..l3 import feature as l3, patches as l3_patches
+from ..declare import DoctorInput, DoctorPart, EnvVar, Feature, Flag, Patch
+from ..hostmem import doctor as hostmem_doctor, feature as hostmem, patches as hostmem_patches
+from ..l3 import doctor as l3_doctor, feature as l3, patches as l3_patches
+from ..megamoe import doctor as megamoe_doctor
 from . import envs, feature as plugin, patches as plugin_patches
 
 ROWS: tuple[tuple[Feature, tuple[Patch, ...]], ...] = (
@@ -20,6 +24,14 @@ ROWS: tuple[tuple[Feature, tuple[Patch, ...]], ...] = (
     (l3.FEATURE, l3_patches.PATCHES),
     (cuda_graph_mem.FEATURE, cuda_graph_mem_patches.PATCHES),
     (hostmem.FEATURE, hostmem_patches.PATCHES),
+)
+
+# One entry per folder that adds to doctor's report (GPU listing is plugin-wide: plugin/doctor.py). megamoe has
+# a doctor part before it has a Feature row (its Feature comes with the MegaMoE issues).
+DOCTOR_PARTS: tuple[Callable[[DoctorInput], DoctorPart], ...] = (
+    megamoe_doctor.report,
+    hostmem_doctor.report,
+    l3_doctor.report,
 )
 
 FEATURES: tuple[Feature, ...] = tuple(f for f, _ in ROWS)
