@@ -58,21 +58,31 @@ def split_target(target: str) -> tuple[str, str]:
 
 def resolve_original(target: str) -> Callable:
     """The function a target names, unwrapped from classmethod/staticmethod and from any hook wrappers."""
-    fn = resolve_raw(target)
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    return fn
+    return unwrap(resolve_raw(target))
 
 
 def resolve_raw(target: str) -> Callable:
+    """The live function a target names (wrappers included), classmethod/staticmethod unwrapped."""
     owner_path, attr = split_target(target)
-    owner = pkgutil.resolve_name(owner_path)
+    return raw_attr(pkgutil.resolve_name(owner_path), attr)
+
+
+def raw_attr(owner, attr: str) -> Callable:
+    """`owner.attr` as stored: a class's own __dict__ entry first (so descriptors are seen, not bound methods),
+    with classmethod/staticmethod taken off to the function they hold."""
     raw = owner.__dict__.get(attr) if isinstance(owner, type) else None
     if raw is None:
         raw = getattr(owner, attr)
     if isinstance(raw, (classmethod, staticmethod)):
         raw = raw.__func__
     return raw
+
+
+def unwrap(fn: Callable) -> Callable:
+    """The function under every `__wrapped__` layer (hook wrappers, functools.wraps decorators)."""
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
 
 
 def source_sha(fn: Callable) -> str:

@@ -94,10 +94,11 @@ def test_installed_page_first_chunking(monkeypatch):
 
 def test_check_detects_unchunked_registration(monkeypatch):
     # A chunker that ignores the pool's granularity registers the whole pool in one call again.
-    broken = rm.mutant(common, "_cuda_host_register", rm.DropIfBlocks("registration_granularity_bytes is not None"))
-    monkeypatch.setattr(common, "_cuda_host_register", broken)
-    with pytest.raises(AssertionError):
-        check_page_first_chunks(monkeypatch)
+    rm.check_catches_mutant(
+        monkeypatch, common, "_cuda_host_register",
+        rm.DropIfBlocks("registration_granularity_bytes is not None"),
+        check_page_first_chunks, monkeypatch,
+    )
 
 
 def test_check_detects_byte_granular_chunking(monkeypatch):
