@@ -11,10 +11,10 @@ def report(inp: DoctorInput) -> DoctorPart:
     return DoctorPart({"hugepages": hugepages()})
 
 
-def hugepages() -> dict[str, Any]:
+def hugepages(meminfo: str = "/proc/meminfo", mounts: str = "/proc/mounts") -> dict[str, Any]:
     info: dict[str, Any] = {"total": 0, "free": 0, "size_kb": 0, "mounts": []}
     try:
-        with open("/proc/meminfo") as f:
+        with open(meminfo) as f:
             for line in f:
                 key, _, rest = line.partition(":")
                 if key == "HugePages_Total":
@@ -23,7 +23,7 @@ def hugepages() -> dict[str, Any]:
                     info["free"] = int(rest.split()[0])
                 elif key == "Hugepagesize":
                     info["size_kb"] = int(rest.split()[0])
-        with open("/proc/mounts") as f:
+        with open(mounts) as f:
             info["mounts"] = [ln.split()[1] for ln in f if ln.split()[2:3] == ["hugetlbfs"]]
     except OSError:
         pass

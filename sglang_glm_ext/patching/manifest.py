@@ -11,7 +11,8 @@ HEADER = """# Patch manifest
 Generated from the features' `patches.py`, in ledger order (`sglang_glm_ext/plugin/registry.py`), by
 `sglang-glm-ext manifest --write docs_internal/patch_manifest.md`.
 Do not edit by hand: `tests/patching/test_manifest.py` fails when this file is stale.
-Each target's signature and source digest are checked against the installed SGLang by `tests/test_contracts.py`.
+Each target's signature and source digest are checked against the installed SGLang by
+`tests/patching/test_contract.py`.
 
 Tiers: **guard** patches go in on any SGLang version (they only make plugin flags parse and fail clearly);
 **feature** patches go in only on a release in their own SGLang column (elsewhere the ledger skips them and

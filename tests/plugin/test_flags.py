@@ -71,7 +71,7 @@ def test_env_var_switches_feature_on(monkeypatch):
 
 class _FakeEngine:
     """Stands in for Engine: its __init__ builds ServerArgs from kwargs exactly as Engine.__init__ does
-    (`self.server_args_class(**kwargs)`; tests/test_contracts.py pins that line in the real Engine)."""
+    (`self.server_args_class(**kwargs)`; tests/patching/test_contract.py pins that line in the real Engine)."""
 
     from sglang.srt.server_args import ServerArgs as server_args_class
 
