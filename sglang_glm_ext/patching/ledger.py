@@ -148,15 +148,19 @@ def skip_reason(patch: Patch, installed: str | None, *, forced: bool = False) ->
             f"({', '.join(patch.sglang_versions)})")
 
 
-def apply_all(ledger: Ledger, *, installed: str | None, forced: bool = False) -> Ledger:
-    """Apply every patch of `ledger` that skip_reason() lets in on `installed`; record each one's state."""
+def apply_all(ledger: Ledger, *, installed: str | None, forced: bool = False, unsupported: str = "") -> Ledger:
+    """Apply every patch of `ledger` that skip_reason() lets in on `installed`; record each one's state.
+
+    `unsupported` is set when the plugin as a whole does not support `installed` (register() passes compat's
+    description): a skipped patch then gives that reason, which tells a user more than the patch's own range.
+    """
     from sglang.srt.plugins.hook_registry import HookSource
 
     source = HookSource(plugin_name="glm_ext", dist_name="sglang-glm-ext")
     for patch in ledger.patches:
         why = skip_reason(patch, installed, forced=forced)
         if why:
-            ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, why)
+            ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, unsupported or why)
             continue
         st = apply_one(patch, source)
         ledger.status[patch.id] = st

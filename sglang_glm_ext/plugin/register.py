@@ -52,7 +52,8 @@ def register(argv: Sequence[str] | None = None) -> Ledger | None:
             "sglang-glm-ext: %s; feature patches are not applied (supported: %s)",
             status.describe(), ", ".join(compat.SUPPORTED_SGLANG),
         )
-    ledger = apply_all(Ledger(PATCHES), installed=status.installed, forced=status.forced)
+    unsupported = "" if status.supported else f"{status.describe()}; supported: {', '.join(compat.SUPPORTED_SGLANG)}"
+    ledger = apply_all(Ledger(PATCHES), installed=status.installed, forced=status.forced, unsupported=unsupported)
     _LEDGER = ledger
     applied = sum(s.state is State.APPLIED for s in ledger.status.values())
     failed = ledger.failed()

@@ -127,3 +127,11 @@ def test_skip_reason_is_the_one_version_rule():
     assert "9.9" in L.skip_reason(feature, "9.9")
     # Forcing needs an SGLang to patch: with none installed a feature patch is still skipped.
     assert "absent" in L.skip_reason(feature, None, forced=True)
+
+
+def test_on_an_unsupported_sglang_the_plugin_wide_reason_is_given(fake):
+    led = L.Ledger((P("glm_ext_fake_mod.Runner.capture", "hook_double"),
+                    P("glm_ext_fake_mod.Runner.helper", "hook_double", tier=L.Tier.GUARD)))
+    L.apply_all(led, installed="9.9", unsupported="sglang 9.9 (NOT supported); supported: 0")
+    assert led.status["glm_ext_fake_mod.Runner.capture"].detail == "sglang 9.9 (NOT supported); supported: 0"
+    assert led.status["glm_ext_fake_mod.Runner.helper"].state is L.State.APPLIED  # guards still go in
