@@ -13,7 +13,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     doc = sub.add_parser("doctor", help="versions, patch states, feature states, hardware; non-zero on problems")
-    doc.add_argument("--json", action="store_true", help="stable JSON output (schema in sglang_glm_ext/plugin/doctor.py)")
+    doc.add_argument("--json", action="store_true",
+                     help="stable JSON output (schema in sglang_glm_ext/plugin/doctor.py)")
     doc.add_argument("--brief", action="store_true", help="one line")
     flags.add_arguments(doc)  # `doctor --enable-cp-l3 --cp-l3-config x.toml` checks what that launch would need
 

@@ -164,8 +164,8 @@ def main(args) -> int:
         json.dump(report, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     elif getattr(args, "brief", False):
-        print(f"sglang-glm-ext {report['plugin']['version']}: "
-              f"{sum(p['state'] == State.APPLIED.value for p in report['patches'])}/{len(report['patches'])} patches applied, "
+        applied = sum(p["state"] == State.APPLIED.value for p in report["patches"])
+        print(f"sglang-glm-ext {report['plugin']['version']}: {applied}/{len(report['patches'])} patches applied, "
               f"{'ok' if report['ok'] else 'problems: ' + '; '.join(report['problems'])}")
     else:
         print(render_text(report))

@@ -1,4 +1,4 @@
-"""Every environment variable the package reads is declared, and so listed in plugin/registry.py ENV_VARS (one table)."""
+"""Every environment variable the package reads is declared, so plugin/registry.py ENV_VARS lists it (one table)."""
 
 import pathlib
 import re
