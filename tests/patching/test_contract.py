@@ -16,8 +16,8 @@ def test_target_contract_holds_in_installed_sglang(patch):
 
 
 def test_engine_builds_server_args_the_way_the_engine_hook_expects():
-    # flags.hook_engine_init shadows Engine.server_args_class; that only works while Engine builds its record
-    # with `self.server_args_class(**kwargs)`.
+    # plugin/hooks.py:hook_engine_init shadows Engine.server_args_class; that only works while Engine builds its
+    # record with `self.server_args_class(**kwargs)`.
     import inspect
 
     from sglang.srt.entrypoints.engine import Engine
