@@ -2,7 +2,7 @@
 
 Mimics what SGLang's decode-graph runners do at capture: each family owns static buffers, coalesced by name and
 size through a process-wide share pool (like share_input_buffer), and captures its shapes largest first into
-one global graph pool. Every capture goes THROUGH sglang_glm_ext.cgmem.attribution: buffer tables, aliasing,
+one global graph pool. Every capture goes THROUGH sglang_glm_ext.cuda_graph_mem.attribution: buffer tables, aliasing,
 per-shape deltas from the real allocator (device counters and the graph pool's own segments), family totals.
 Each graph is replayed once and checked against eager, so the captures are real.
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_glm_ext.cgmem import attribution as attr
+from sglang_glm_ext.cuda_graph_mem import attribution as attr
 
 HIDDEN, INTER, VOCAB = 4096, 14336, 32768
 DT = torch.bfloat16

@@ -1,83 +1,35 @@
 """sglang-glm-ext: what a private GLM-5.x SGLang fork gave its users, as a plugin for stock SGLang.
 
-SGLang discovers this package through the `sglang.srt.plugins` entry point `glm_ext` and calls `register()` in
-every SGLang process (load_plugins()). `register()` checks the SGLang version, applies the patches declared in
-`patches.py` and verifies each one landed. `sglang-glm-ext doctor` shows the result.
+SGLang discovers this package through the `sglang.srt.plugins` entry point `glm_ext` (= `sglang_glm_ext:register`)
+and calls `register()` in every SGLang process (load_plugins()). The machinery behind it lives in `plugin/`; each
+feature has a folder of its own. Importing this package loads nothing else (no SGLang, no torch).
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
-
-from . import compat, envs
-from .patching.ledger import Ledger, State, apply_all
-
-__version__ = "0.1.0"
-
-logger = logging.getLogger("sglang_glm_ext")
-
-_LEDGER: Ledger | None = None
-_DISABLED = False
+from .plugin import __version__
 
 
-def ledger_state() -> Ledger | None:
-    """The ledger of this process's register() call, or None when the plugin has not registered."""
-    return _LEDGER
+def register(argv=None):
+    """SGLang plugin entry point; see sglang_glm_ext.plugin.register.register."""
+    from .plugin.register import register as _register
+
+    return _register(argv)
+
+
+def ledger_state():
+    from .plugin.register import ledger_state as _ledger_state
+
+    return _ledger_state()
 
 
 def is_disabled() -> bool:
-    return _DISABLED
+    from .plugin.register import is_disabled as _is_disabled
 
-
-def register() -> Ledger | None:
-    """SGLang plugin entry point. Idempotent: a second call returns the first call's ledger."""
-    global _LEDGER, _DISABLED
-    if _LEDGER is not None or _DISABLED:
-        return _LEDGER
-    if envs.DISABLE.get_bool():
-        _DISABLED = True
-        logger.warning("sglang-glm-ext: disabled by %s=1; no patch applied, no flag registered", envs.DISABLE.name)
-        return None
-
-    from .patches import PATCHES
-
-    status = compat.version_status()
-    if not status.patches_allowed:
-        refuse_feature_usage(status)
-        logger.warning(
-            "sglang-glm-ext: %s; feature patches are not applied (supported: %s)",
-            status.describe(), ", ".join(compat.SUPPORTED_SGLANG),
-        )
-    why = f"{status.describe()}; supported: {', '.join(compat.SUPPORTED_SGLANG)}"
-    ledger = apply_all(Ledger(PATCHES), allow_features=status.patches_allowed, why_skipped=why)
-    _LEDGER = ledger
-    applied = sum(s.state is State.APPLIED for s in ledger.status.values())
-    failed = ledger.failed()
-    logger.info("sglang-glm-ext %s: %d/%d patches applied on %s", __version__, applied, len(PATCHES),
-                status.describe())
-    if failed:
-        logger.error("sglang-glm-ext: %d patch(es) failed; features that need them refuse to start: %s",
-                     len(failed), ", ".join(s.patch.id for s in failed))
-    return ledger
-
-
-def refuse_feature_usage(status: compat.VersionStatus, argv: list[str] | None = None) -> None:
-    """On an unsupported SGLang, a user who asked for a plugin feature gets one clear error, now.
-
-    Raised as SystemExit because load_plugins() swallows Exception. Flags are found in argv here since the
-    parser hooks may not be installable on an SGLang we do not know.
-    """
-    from .flags import FLAGS
-
-    argv = sys.argv[1:] if argv is None else argv
-    asked = [f.cli for f in FLAGS if any(a == f.cli or a.startswith(f.cli + "=") for a in argv)]
-    asked += [e.name for e in envs.ENV_VARS if e.feature != "plugin" and e.is_set() and os.environ[e.name] not in ("", "0")]
-    if asked:
-        raise compat.UnsupportedSGLangError(status.unsupported_message(", ".join(asked)))
+    return _is_disabled()
 
 
 def _reset_for_tests() -> None:
-    global _LEDGER, _DISABLED
-    _LEDGER, _DISABLED = None, False
+    from .plugin.register import _reset_for_tests as _reset
+
+    _reset()

@@ -3,7 +3,7 @@
 import pathlib
 import re
 
-from sglang_glm_ext.docs import flags_table
+from sglang_glm_ext.plugin.docs import flags_table
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

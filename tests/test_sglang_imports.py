@@ -8,7 +8,7 @@ import importlib
 
 import pytest
 
-from sglang_glm_ext.patches import PATCHES
+from sglang_glm_ext.plugin.registry import PATCHES
 
 MODULES = sorted(
     {

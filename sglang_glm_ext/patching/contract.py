@@ -1,7 +1,7 @@
 """Contract check: does the installed SGLang still have each patch target as the hook expects it?
 
-Used by tests/test_contracts.py (CPU) and by `doctor`. An SGLang upgrade that moves, renames or re-signs a
-target, or changes its code, shows up here by name instead of as a silently inert hook.
+Used by tests/patching/test_contract.py (CPU, every declared patch). An SGLang upgrade that moves, renames or
+re-signs a target, or changes its code, shows up here by name instead of as a silently inert hook.
 """
 
 from __future__ import annotations
@@ -29,6 +29,6 @@ def check(patch: Patch) -> list[str]:
         if got != patch.source_sha:
             problems.append(
                 f"{patch.id}: source of {patch.target} changed (digest {got}, declared {patch.source_sha}); "
-                "review the hook against the new code, then update source_sha in sglang_glm_ext/patches.py"
+                "review the hook against the new code, then update source_sha in its feature's patches.py"
             )
     return problems

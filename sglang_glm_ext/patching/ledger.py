@@ -15,45 +15,15 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import importlib
 import inspect
 import logging
 import pkgutil
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..declare import Patch, Tier
+
 logger = logging.getLogger("sglang_glm_ext")
-
-
-class Tier(str, enum.Enum):
-    # Guard patches make plugin flags parse and fail with a clear message; they go in on any SGLang version.
-    GUARD = "guard"
-    # Feature patches change serving behaviour; only on a supported SGLang (or when forced).
-    FEATURE = "feature"
-
-
-@dataclass(frozen=True)
-class Patch:
-    """One change to SGLang. Every field ends up in docs_internal/patch_manifest.md."""
-
-    id: str
-    target: str  # dotted path of the patched attribute in SGLang
-    hook_type: str  # before | after | around | replace (SGLang HookType values)
-    hook: str  # "module:function" of our hook
-    feature: str
-    tier: Tier
-    reason: str
-    seed_lines: str  # lines of ../shared/seed/000_*.txt this carries ("-" for plugin infrastructure)
-    sglang_versions: tuple[str, ...]  # releases the patch applies to
-    remove_when: str
-    # Parameter names the hook relies on, checked by tests/test_contracts.py against the installed SGLang.
-    signature: tuple[str, ...]
-    # sha256[:16] of the target's source at the time the hook was written (drift check, vllm-sail style).
-    source_sha: str = ""
-
-    def resolve_hook(self) -> Callable:
-        module, _, name = self.hook.partition(":")
-        return getattr(importlib.import_module(module), name)
 
 
 class State(str, enum.Enum):
@@ -88,21 +58,31 @@ def split_target(target: str) -> tuple[str, str]:
 
 def resolve_original(target: str) -> Callable:
     """The function a target names, unwrapped from classmethod/staticmethod and from any hook wrappers."""
-    fn = resolve_raw(target)
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    return fn
+    return unwrap(resolve_raw(target))
 
 
 def resolve_raw(target: str) -> Callable:
+    """The live function a target names (wrappers included), classmethod/staticmethod unwrapped."""
     owner_path, attr = split_target(target)
-    owner = pkgutil.resolve_name(owner_path)
+    return raw_attr(pkgutil.resolve_name(owner_path), attr)
+
+
+def raw_attr(owner, attr: str) -> Callable:
+    """`owner.attr` as stored: a class's own __dict__ entry first (so descriptors are seen, not bound methods),
+    with classmethod/staticmethod taken off to the function they hold."""
     raw = owner.__dict__.get(attr) if isinstance(owner, type) else None
     if raw is None:
         raw = getattr(owner, attr)
     if isinstance(raw, (classmethod, staticmethod)):
         raw = raw.__func__
     return raw
+
+
+def unwrap(fn: Callable) -> Callable:
+    """The function under every `__wrapped__` layer (hook wrappers, functools.wraps decorators)."""
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
 
 
 def source_sha(fn: Callable) -> str:
@@ -153,13 +133,34 @@ def apply_one(patch: Patch, source) -> PatchStatus:
     return status
 
 
-def apply_all(ledger: Ledger, *, allow_features: bool, why_skipped: str) -> Ledger:
+def skip_reason(patch: Patch, installed: str | None, *, forced: bool = False) -> str:
+    """'' when `patch` goes in on SGLang `installed`, else why it is skipped.
+
+    Guard patches go in everywhere (they only make plugin flags parse and fail clearly). A feature patch goes in
+    only on a release in its own `sglang_versions`, or on any installed release when forced
+    (SGLANG_GLM_EXT_FORCE_UNSUPPORTED=1).
+    """
+    if patch.tier is Tier.GUARD or installed in patch.sglang_versions:
+        return ""
+    if forced and installed is not None:
+        return ""
+    return (f"sglang {installed or 'absent'} is outside this patch's SGLang versions "
+            f"({', '.join(patch.sglang_versions)})")
+
+
+def apply_all(ledger: Ledger, *, installed: str | None, forced: bool = False, unsupported: str = "") -> Ledger:
+    """Apply every patch of `ledger` that skip_reason() lets in on `installed`; record each one's state.
+
+    `unsupported` is set when the plugin as a whole does not support `installed` (register() passes compat's
+    description): a skipped patch then gives that reason, which tells a user more than the patch's own range.
+    """
     from sglang.srt.plugins.hook_registry import HookSource
 
     source = HookSource(plugin_name="glm_ext", dist_name="sglang-glm-ext")
     for patch in ledger.patches:
-        if patch.tier is Tier.FEATURE and not allow_features:
-            ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, why_skipped)
+        why = skip_reason(patch, installed, forced=forced)
+        if why:
+            ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, unsupported or why)
             continue
         st = apply_one(patch, source)
         ledger.status[patch.id] = st

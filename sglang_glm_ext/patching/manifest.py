@@ -1,28 +1,33 @@
-"""Render docs_internal/patch_manifest.md from sglang_glm_ext.patches.PATCHES (never edited by hand)."""
+"""Render docs_internal/patch_manifest.md from the ledger's patch declarations (never edited by hand)."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from ..declare import Patch
+
 HEADER = """# Patch manifest
 
-Generated from `sglang_glm_ext/patches.py` by `sglang-glm-ext manifest --write docs_internal/patch_manifest.md`.
+Generated from the features' `patches.py`, in ledger order (`sglang_glm_ext/plugin/registry.py`), by
+`sglang-glm-ext manifest --write docs_internal/patch_manifest.md`.
 Do not edit by hand: `tests/patching/test_manifest.py` fails when this file is stale.
-Each target's signature and source digest are checked against the installed SGLang by `tests/test_contracts.py`.
+Each target's signature and source digest are checked against the installed SGLang by
+`tests/patching/test_contract.py`.
 
 Tiers: **guard** patches go in on any SGLang version (they only make plugin flags parse and fail clearly);
-**feature** patches go in only on a supported SGLang, or with `SGLANG_GLM_EXT_FORCE_UNSUPPORTED=1`.
+**feature** patches go in only on a release in their own SGLang column (elsewhere the ledger skips them and
+`doctor` says why), or on any release with `SGLANG_GLM_EXT_FORCE_UNSUPPORTED=1`.
 
 """
 
 
-def render() -> str:
-    from ..patches import PATCHES
-
+def render(patches: Sequence[Patch]) -> str:
     out = [HEADER, "| id | target | hook | feature / tier | SGLang | seed lines |", "|---|---|---|---|---|---|"]
-    for p in PATCHES:
-        out.append(f"| `{p.id}` | `{p.target}` | {p.hook_type} `{p.hook}` | {p.feature} / {p.tier.value} | "
+    for p in patches:
+        out.append(f"| `{p.id}` | `{p.target}` | {p.hook_type} `{p.hook}` | {p.feature.name} / {p.tier.value} | "
                    f"{', '.join(p.sglang_versions)} | {p.seed_lines} |")
     out.append("")
-    for p in PATCHES:
+    for p in patches:
         out += [
             f"## `{p.id}`", "",
             f"- **target**: `{p.target}` ({p.hook_type} hook `{p.hook}`)",

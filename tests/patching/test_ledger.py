@@ -87,8 +87,51 @@ def test_hook_that_did_not_land_is_detected(fake, monkeypatch):
 def test_feature_patches_skipped_when_not_allowed(fake):
     led = L.Ledger((P("glm_ext_fake_mod.Runner.capture", "hook_double"),
                     P("glm_ext_fake_mod.Runner.helper", "hook_double", tier=L.Tier.GUARD)))
-    L.apply_all(led, allow_features=False, why_skipped="sglang 9.9 unsupported")
+    L.apply_all(led, installed="9.9")
     assert led.status["glm_ext_fake_mod.Runner.capture"].state is L.State.SKIPPED
     assert "9.9" in led.status["glm_ext_fake_mod.Runner.capture"].detail
     assert led.status["glm_ext_fake_mod.Runner.helper"].state is L.State.APPLIED
     assert fake.Runner().capture(3) == 3
+
+
+def test_feature_patch_outside_its_own_versions_is_skipped_with_that_reason(fake):
+    # The ledger enforces each patch's own sglang_versions, not just the plugin's supported range.
+    led = L.Ledger((P("glm_ext_fake_mod.Runner.capture", "hook_double"),))
+    L.apply_all(led, installed="0.1")
+    st = led.status["glm_ext_fake_mod.Runner.capture"]
+    assert st.state is L.State.SKIPPED
+    assert "0.1" in st.detail and "outside this patch's SGLang versions (0)" in st.detail
+    assert fake.Runner().capture(3) == 3
+
+
+def test_feature_patch_inside_its_versions_is_applied(fake):
+    led = L.Ledger((P("glm_ext_fake_mod.Runner.capture", "hook_double"),))
+    L.apply_all(led, installed="0")
+    assert led.status["glm_ext_fake_mod.Runner.capture"].state is L.State.APPLIED
+    assert fake.Runner().capture(3) == 6
+
+
+def test_force_applies_a_feature_patch_outside_its_versions(fake):
+    led = L.Ledger((P("glm_ext_fake_mod.Runner.capture", "hook_double"),))
+    L.apply_all(led, installed="9.9", forced=True)
+    assert led.status["glm_ext_fake_mod.Runner.capture"].state is L.State.APPLIED
+    assert fake.Runner().capture(3) == 6
+
+
+def test_skip_reason_is_the_one_version_rule():
+    feature = P("glm_ext_fake_mod.Runner.capture", "hook_double")
+    guard = P("glm_ext_fake_mod.Runner.helper", "hook_double", tier=L.Tier.GUARD)
+    assert L.skip_reason(guard, "9.9") == "" and L.skip_reason(guard, None) == ""
+    assert L.skip_reason(feature, "0") == ""
+    assert L.skip_reason(feature, "9.9", forced=True) == ""
+    assert "9.9" in L.skip_reason(feature, "9.9")
+    # Forcing needs an SGLang to patch: with none installed a feature patch is still skipped.
+    assert "absent" in L.skip_reason(feature, None, forced=True)
+
+
+def test_on_an_unsupported_sglang_the_plugin_wide_reason_is_given(fake):
+    led = L.Ledger((P("glm_ext_fake_mod.Runner.capture", "hook_double"),
+                    P("glm_ext_fake_mod.Runner.helper", "hook_double", tier=L.Tier.GUARD)))
+    L.apply_all(led, installed="9.9", unsupported="sglang 9.9 (NOT supported); supported: 0")
+    assert led.status["glm_ext_fake_mod.Runner.capture"].detail == "sglang 9.9 (NOT supported); supported: 0"
+    assert led.status["glm_ext_fake_mod.Runner.helper"].state is L.State.APPLIED  # guards still go in

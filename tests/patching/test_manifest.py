@@ -2,14 +2,14 @@
 
 import pathlib
 
-from sglang_glm_ext.patches import PATCHES
+from sglang_glm_ext.plugin.registry import PATCHES
 from sglang_glm_ext.patching.manifest import render
 
 MANIFEST = pathlib.Path(__file__).resolve().parents[2] / "docs_internal" / "patch_manifest.md"
 
 
 def test_manifest_is_current():
-    assert MANIFEST.read_text() == render(), (
+    assert MANIFEST.read_text() == render(PATCHES), (
         "docs_internal/patch_manifest.md is stale: run `sglang-glm-ext manifest --write docs_internal/patch_manifest.md`"
     )
 
@@ -18,8 +18,9 @@ def test_every_declaration_is_complete():
     ids = [p.id for p in PATCHES]
     assert len(ids) == len(set(ids)), "duplicate patch ids"
     for p in PATCHES:
-        for field in ("target", "hook", "reason", "seed_lines", "remove_when", "feature"):
+        for field in ("target", "hook", "reason", "seed_lines", "remove_when"):
             assert getattr(p, field).strip(), f"{p.id}: empty {field}"
+        assert p.feature.name.strip(), f"{p.id}: empty feature"  # a Feature record now, not its name
         assert p.sglang_versions, p.id
         assert p.hook_type in ("before", "after", "around", "replace"), p.id
         p.resolve_hook()  # the hook function exists

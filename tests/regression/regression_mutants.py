@@ -16,17 +16,13 @@ import inspect
 import textwrap
 from typing import Callable
 
+import pytest
+
+from sglang_glm_ext.patching.ledger import raw_attr, unwrap
+
 
 class MutationNotApplied(AssertionError):
     """The code the mutation targets is not in the installed function any more; update the test."""
-
-
-def _raw_attr(owner, name):
-    raw = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-    func = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
-    while hasattr(func, "__wrapped__"):  # hook wrappers, contextmanager: mutate the source that was written
-        func = func.__wrapped__
-    return raw, func
 
 
 def mutant(owner, name: str, transformer: ast.NodeTransformer):
@@ -35,7 +31,8 @@ def mutant(owner, name: str, transformer: ast.NodeTransformer):
     Returns the object to monkeypatch onto `owner` (a classmethod stays a classmethod: its decorators are in the
     source and are re-applied). The transformer must set `self.applied = True` when it changed something.
     """
-    _, func = _raw_attr(owner, name)
+    # Hook wrappers and decorators (contextmanager) are unwrapped: the mutant is built from the source as written.
+    func = unwrap(raw_attr(owner, name))
     src = textwrap.dedent(inspect.getsource(func))
     tree = ast.parse(src)
     # Keep the installed file's line numbers, so a traceback through a mutant points at the real source lines.
@@ -53,6 +50,20 @@ def mutant(owner, name: str, transformer: ast.NodeTransformer):
     # exactly as they do for the original; the def itself lands in local_ns, not in the module.
     exec(code, func.__globals__, local_ns)
     return local_ns[func.__name__]
+
+
+def check_catches_mutant(monkeypatch, owner, name: str, transformer: ast.NodeTransformer, check: Callable,
+                         *args, **kwargs) -> None:
+    """Patch the mutant of `owner.name` in, then require `check(*args, **kwargs)` to fail with AssertionError.
+
+    The one "build the broken variant, patch it in, expect the check to catch it" step of every regression module:
+    a check that passes on the mutant proves nothing, so that is a test failure here.
+    """
+    # mutant() raises MutationNotApplied (an AssertionError) outside the raises block: a mutation that finds
+    # nothing to break errors the test instead of passing it.
+    monkeypatch.setattr(owner, name, mutant(owner, name, transformer))
+    with pytest.raises(AssertionError):
+        check(*args, **kwargs)
 
 
 def _mentions(node: ast.AST, needle: str) -> bool:

@@ -16,7 +16,6 @@ import ast
 from types import SimpleNamespace
 from unittest.mock import MagicMock
 
-import pytest
 import regression_mutants as rm
 
 import sglang.srt.disaggregation.decode as decode_mod
@@ -161,24 +160,27 @@ def test_installed_idle_check_counts_retracted():
 
 
 def test_check_detects_prealloc_abort_keeping_receiver(monkeypatch):
-    broken = rm.mutant(DecodePreallocQueue, "pop_preallocated", rm.DropStatements("decode_req.kv_receiver"))
-    monkeypatch.setattr(DecodePreallocQueue, "pop_preallocated", broken)
-    with pytest.raises(AssertionError):
-        check_prealloc_abort_clears_receiver()
+    rm.check_catches_mutant(
+        monkeypatch, DecodePreallocQueue, "pop_preallocated",
+        rm.DropStatements("decode_req.kv_receiver"),
+        check_prealloc_abort_clears_receiver,
+    )
 
 
 def test_check_detects_transfer_failure_keeping_receiver(monkeypatch):
     # Only the failure path's clear (the `else` of the deferred-release hold) is removed.
-    broken = rm.mutant(DecodeTransferQueue, "pop_transferred", rm.DropStatements(
-        "decode_req.kv_receiver", only=lambda s: "clear" in ast.unparse(s) or "= None" in ast.unparse(s)))
-    monkeypatch.setattr(DecodeTransferQueue, "pop_transferred", broken)
-    with pytest.raises(AssertionError):
-        check_transfer_failure_clears_receiver(monkeypatch)
+    rm.check_catches_mutant(
+        monkeypatch, DecodeTransferQueue, "pop_transferred",
+        rm.DropStatements("decode_req.kv_receiver",
+                          only=lambda s: "clear" in ast.unparse(s) or "= None" in ast.unparse(s)),
+        check_transfer_failure_clears_receiver, monkeypatch,
+    )
 
 
 def test_check_detects_idle_ignoring_retracted(monkeypatch):
-    broken = rm.mutant(Scheduler, "is_fully_idle", rm.DropStatements("retracted_queue"))
-    monkeypatch.setattr(Scheduler, "is_fully_idle", broken)
-    with pytest.raises(AssertionError):
-        check_idle_counts_retracted()
+    rm.check_catches_mutant(
+        monkeypatch, Scheduler, "is_fully_idle",
+        rm.DropStatements("retracted_queue"),
+        check_idle_counts_retracted,
+    )
 

@@ -20,7 +20,7 @@ import torch
 
 import sglang.srt.mem_cache.pool_host.common as common
 from sglang_glm_ext.hostmem.plan import GIB, HostRegisterPlanError, page_first_unit
-from sglang_glm_ext.patches import PATCHES
+from sglang_glm_ext.plugin.registry import PATCHES
 from sglang_glm_ext.patching.ledger import State, apply_one, resolve_original
 
 CEILING = 480 * GIB  # the plugin default (envs.HOST_REGISTER_MAX_GB)
@@ -94,10 +94,11 @@ def test_installed_page_first_chunking(monkeypatch):
 
 def test_check_detects_unchunked_registration(monkeypatch):
     # A chunker that ignores the pool's granularity registers the whole pool in one call again.
-    broken = rm.mutant(common, "_cuda_host_register", rm.DropIfBlocks("registration_granularity_bytes is not None"))
-    monkeypatch.setattr(common, "_cuda_host_register", broken)
-    with pytest.raises(AssertionError):
-        check_page_first_chunks(monkeypatch)
+    rm.check_catches_mutant(
+        monkeypatch, common, "_cuda_host_register",
+        rm.DropIfBlocks("registration_granularity_bytes is not None"),
+        check_page_first_chunks, monkeypatch,
+    )
 
 
 def test_check_detects_byte_granular_chunking(monkeypatch):
@@ -160,7 +161,7 @@ def test_plugin_refuses_sglang_chunk_limit_over_ceiling(monkeypatch):
 
 def test_check_detects_missing_plugin_hook(monkeypatch):
     # Without the patch (or with a hook that lets everything through) the check must fail.
-    monkeypatch.setattr("sglang_glm_ext.hostmem.hook.check_cuda_host_register", lambda *a, **k: None)
+    monkeypatch.setattr("sglang_glm_ext.hostmem.hooks.check_cuda_host_register", lambda *a, **k: None)
     _apply_plugin_patch(monkeypatch)
     with pytest.raises(AssertionError):
         check_plugin_refuses_layer_first_over_ceiling(monkeypatch)

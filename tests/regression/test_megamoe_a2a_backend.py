@@ -93,7 +93,8 @@ def test_check_detects_ep_size_not_forced(monkeypatch):
 
 
 def test_check_detects_dispatcher_without_bypass(monkeypatch):
-    broken = rm.mutant(moe_layer, "create_moe_dispatcher", rm.DropConjunct("is_megamoe", op=ast.Or))
-    monkeypatch.setattr(moe_layer, "create_moe_dispatcher", broken)
-    with pytest.raises(AssertionError):
-        check_megamoe_dispatcher_is_standard(monkeypatch)
+    rm.check_catches_mutant(
+        monkeypatch, moe_layer, "create_moe_dispatcher",
+        rm.DropConjunct("is_megamoe", op=ast.Or),
+        check_megamoe_dispatcher_is_standard, monkeypatch,
+    )

@@ -140,24 +140,27 @@ def test_installed_seq_lens_sum_padded_then_restored(monkeypatch):
 
 
 def test_check_detects_missing_int64_cast(monkeypatch):
-    broken = rm.mutant(EagleDraftWorker, "_draft_extend_for_decode", rm.UnwrapMethodCall("to", "torch.int64"))
-    monkeypatch.setattr(EagleDraftWorker, "_draft_extend_for_decode", broken)
-    with pytest.raises(AssertionError):
-        check_draft_extend_ids_int64(monkeypatch)
+    rm.check_catches_mutant(
+        monkeypatch, EagleDraftWorker, "_draft_extend_for_decode",
+        rm.UnwrapMethodCall("to", "torch.int64"),
+        check_draft_extend_ids_int64, monkeypatch,
+    )
 
 
 def test_check_detects_seq_lens_sum_not_padded(monkeypatch):
-    broken = rm.mutant(EAGLEDraftCudaGraphRunner, "execute", rm.DropIfBlocks("raw_seq_lens_sum is not None"))
-    monkeypatch.setattr(EAGLEDraftCudaGraphRunner, "execute", broken)
-    with pytest.raises(AssertionError):
-        check_seq_lens_sum_padded_then_restored(monkeypatch)
+    rm.check_catches_mutant(
+        monkeypatch, EAGLEDraftCudaGraphRunner, "execute",
+        rm.DropIfBlocks("raw_seq_lens_sum is not None"),
+        check_seq_lens_sum_padded_then_restored, monkeypatch,
+    )
 
 
 def test_check_detects_seq_lens_sum_not_restored(monkeypatch):
-    broken = rm.mutant(EAGLEDraftCudaGraphRunner, "execute", rm.DropStatements("forward_batch.seq_lens_sum = raw_seq_lens_sum", exact=True))
-    monkeypatch.setattr(EAGLEDraftCudaGraphRunner, "execute", broken)
-    with pytest.raises(AssertionError):
-        check_seq_lens_sum_padded_then_restored(monkeypatch)
+    rm.check_catches_mutant(
+        monkeypatch, EAGLEDraftCudaGraphRunner, "execute",
+        rm.DropStatements("forward_batch.seq_lens_sum = raw_seq_lens_sum", exact=True),
+        check_seq_lens_sum_padded_then_restored, monkeypatch,
+    )
 
 
 @pytest.mark.gpu(reason=(

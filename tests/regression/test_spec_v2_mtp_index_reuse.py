@@ -126,22 +126,25 @@ def test_installed_reuse_cleared_after_draft_forward(monkeypatch):
 
 
 def test_check_detects_missing_topk_guard(monkeypatch):
-    broken = rm.mutant(EagleDraftWorker, "_init_dsa_index_share_state", rm.DropConjunct("self.topk == 1"))
-    monkeypatch.setattr(EagleDraftWorker, "_init_dsa_index_share_state", broken)
-    with pytest.raises(AssertionError):
-        check_reuse_gating()
+    rm.check_catches_mutant(
+        monkeypatch, EagleDraftWorker, "_init_dsa_index_share_state",
+        rm.DropConjunct("self.topk == 1"),
+        check_reuse_gating,
+    )
 
 
 def test_check_detects_missing_config_gate(monkeypatch):
-    broken = rm.mutant(EagleDraftWorker, "_init_dsa_index_share_state", rm.DropConjunct("getattr(hf_config"))
-    monkeypatch.setattr(EagleDraftWorker, "_init_dsa_index_share_state", broken)
-    with pytest.raises(AssertionError):
-        check_reuse_gating()
+    rm.check_catches_mutant(
+        monkeypatch, EagleDraftWorker, "_init_dsa_index_share_state",
+        rm.DropConjunct("getattr(hf_config"),
+        check_reuse_gating,
+    )
 
 
 def test_check_detects_missing_cleanup(monkeypatch):
-    broken = rm.mutant(IndexTopKShareState, "mtp_iteration", rm.DropFinally())
-    monkeypatch.setattr(IndexTopKShareState, "mtp_iteration", broken)
-    with pytest.raises(AssertionError):
-        check_reuse_cleared_after_draft_forward(monkeypatch)
+    rm.check_catches_mutant(
+        monkeypatch, IndexTopKShareState, "mtp_iteration",
+        rm.DropFinally(),
+        check_reuse_cleared_after_draft_forward, monkeypatch,
+    )
 

@@ -86,10 +86,11 @@ def test_installed_plan_stream_waits_before_prepare(monkeypatch):
 
 def test_check_detects_missing_wait(monkeypatch):
     # The 0.5.20 shape: enter plan_stream_ctx straight away.
-    broken = rm.mutant(EagleDraftWorker, "_draft_extend_for_decode", rm.DropIfBlocks("self.plan_stream"))
-    monkeypatch.setattr(EagleDraftWorker, "_draft_extend_for_decode", broken)
-    with pytest.raises(AssertionError):
-        check_plan_stream_waits_before_prepare(monkeypatch)
+    rm.check_catches_mutant(
+        monkeypatch, EagleDraftWorker, "_draft_extend_for_decode",
+        rm.DropIfBlocks("self.plan_stream"),
+        check_plan_stream_waits_before_prepare, monkeypatch,
+    )
 
 
 @pytest.mark.gpu(reason=(

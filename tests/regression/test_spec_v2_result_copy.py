@@ -98,24 +98,27 @@ def test_installed_scheduler_copies_on_copy_stream():
 
 
 def test_check_detects_unconditional_hidden_copy(monkeypatch):
-    broken = rm.mutant(GenerationBatchResult, "copy_to_cpu", rm.DropConjunct("return_hidden_states"))
-    monkeypatch.setattr(GenerationBatchResult, "copy_to_cpu", broken)
-    with pytest.raises(AssertionError):
-        check_hidden_states_copied_only_when_requested(monkeypatch)
+    rm.check_catches_mutant(
+        monkeypatch, GenerationBatchResult, "copy_to_cpu",
+        rm.DropConjunct("return_hidden_states"),
+        check_hidden_states_copied_only_when_requested, monkeypatch,
+    )
 
 
 def test_check_detects_flag_not_forwarded(monkeypatch):
-    broken = rm.mutant(Scheduler, "_copy_result_to_cpu", rm.DropCallKeyword("return_hidden_states"))
-    monkeypatch.setattr(Scheduler, "_copy_result_to_cpu", broken)
-    with pytest.raises(AssertionError):
-        check_scheduler_copies_on_copy_stream()
+    rm.check_catches_mutant(
+        monkeypatch, Scheduler, "_copy_result_to_cpu",
+        rm.DropCallKeyword("return_hidden_states"),
+        check_scheduler_copies_on_copy_stream,
+    )
 
 
 def test_check_detects_copy_without_stream_wait(monkeypatch):
-    broken = rm.mutant(Scheduler, "_copy_result_to_cpu", rm.DropStatements("wait_stream"))
-    monkeypatch.setattr(Scheduler, "_copy_result_to_cpu", broken)
-    with pytest.raises(AssertionError):
-        check_scheduler_copies_on_copy_stream()
+    rm.check_catches_mutant(
+        monkeypatch, Scheduler, "_copy_result_to_cpu",
+        rm.DropStatements("wait_stream"),
+        check_scheduler_copies_on_copy_stream,
+    )
 
 
 @pytest.mark.gpu(reason=(

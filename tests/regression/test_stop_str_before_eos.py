@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from array import array
 
-import pytest
 import regression_mutants as rm
 
 from sglang.srt.managers.schedule_batch import FINISH_MATCHED_STR, Req
@@ -85,22 +84,25 @@ def test_installed_sanitises_invalid_token_ids():
 
 def test_check_detects_eos_before_stop(monkeypatch):
     # The pre-fix order: the token-based (EOS) check runs before the string check in update_finish_state.
-    broken = rm.mutant(Req, "update_finish_state", rm.SwapIfBlocks("_check_str_based_finish", "_check_token_based_finish"))
-    monkeypatch.setattr(Req, "update_finish_state", broken)
-    with pytest.raises(AssertionError):
-        check_stop_str_wins_over_eos()
+    rm.check_catches_mutant(
+        monkeypatch, Req, "update_finish_state",
+        rm.SwapIfBlocks("_check_str_based_finish", "_check_token_based_finish"),
+        check_stop_str_wins_over_eos,
+    )
 
 
 def test_check_detects_missing_finished_len_at_stop(monkeypatch):
     # The fork's other half: finished_len located at the stop. Without it the whole step (EOS and "c") is emitted.
-    broken = rm.mutant(Req, "_check_str_based_finish", rm.DropStatements("_locate_str_stop_finished_len"))
-    monkeypatch.setattr(Req, "_check_str_based_finish", broken)
-    with pytest.raises(AssertionError):
-        check_stop_str_wins_over_eos()
+    rm.check_catches_mutant(
+        monkeypatch, Req, "_check_str_based_finish",
+        rm.DropStatements("_locate_str_stop_finished_len"),
+        check_stop_str_wins_over_eos,
+    )
 
 
 def test_check_detects_unsanitised_decode(monkeypatch):
-    broken = rm.mutant(Req, "update_finish_state", rm.DropIfBlocks("_check_vocab_boundary_finish"))
-    monkeypatch.setattr(Req, "update_finish_state", broken)
-    with pytest.raises(AssertionError):
-        check_invalid_token_ids_sanitised()
+    rm.check_catches_mutant(
+        monkeypatch, Req, "update_finish_state",
+        rm.DropIfBlocks("_check_vocab_boundary_finish"),
+        check_invalid_token_ids_sanitised,
+    )

@@ -138,7 +138,8 @@ def test_check_detects_conditional_all_reduce(monkeypatch):
 
 def test_check_detects_rank_local_ack_commit(monkeypatch):
     # Acks committed on the local count (no MIN): rank A clears its marker while rank B still holds it.
-    broken = rm.mutant(UnifiedRadixCache, "writing_check", rm.DropStatements("self._all_reduce("))
-    monkeypatch.setattr(UnifiedRadixCache, "writing_check", broken)
-    with pytest.raises(AssertionError):
-        check_marker_replicated_and_collective_symmetric()
+    rm.check_catches_mutant(
+        monkeypatch, UnifiedRadixCache, "writing_check",
+        rm.DropStatements("self._all_reduce("),
+        check_marker_replicated_and_collective_symmetric,
+    )

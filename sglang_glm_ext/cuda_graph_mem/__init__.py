@@ -6,5 +6,6 @@ MiB) with those that share_buffers() aliased onto an earlier family flagged, the
 captured shape, and a family TOTAL. --enable-profile-cuda-graph writes one cuda_graph_mem_<family>.pickle per
 runner instead of every runner overwriting cuda_graph_runner_memory_usage.pickle.
 
-`attribution` is the torch-only core (no SGLang import); `hooks` is the thin patch, declared in patches.py.
+`attribution` is the torch-only core (no SGLang import); `hooks` is the thin patch, declared in `patches.py`;
+`feature.py` declares the cg_mem feature (its flag and env var). No doctor part.
 """

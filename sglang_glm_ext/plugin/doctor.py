@@ -2,12 +2,15 @@
 
 JSON schema (stable; bump SCHEMA on any breaking change, documented in README "doctor --json"):
   schema: int, ok: bool, problems: [str],
-  plugin: {version, disabled, entry_point}, sglang: {installed, supported, supported_versions, forced},
+  plugin: {version, disabled, entry_point, loaded_via}, sglang: {installed, supported, supported_versions, forced},
   versions: {python, torch, deep_gemm, flashinfer, sglang},
   patches: [{id, target, feature, tier, state, detail}],
   features: [{name, title, active, available, why_unavailable}],
   hardware: {cuda_available, gpus: [{index, name, sm}], fp4_megamoe: {possible, why},
              hugepages: {...}, l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}]}
+
+The GPU listing is plugin-wide (here); every other "hardware" key, and the problems that go with it, is a
+folder's part (`<folder>/doctor.py` report(), listed in plugin/registry.py DOCTOR_PARTS).
 """
 
 from __future__ import annotations
@@ -18,14 +21,13 @@ import platform
 import sys
 from typing import Any
 
+from ..declare import DoctorInput
+from ..patching.ledger import State
+from . import __version__, compat, features, flags
+from . import register as plugin
+from .registry import DOCTOR_PARTS, FEATURES
+
 SCHEMA = 1
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _entry_point_registered() -> bool:
@@ -34,43 +36,21 @@ def _entry_point_registered() -> bool:
 
 
 def _load_plugin() -> str:
-    """Load the plugin the way a server does; returns how it was loaded."""
-    import sglang_glm_ext as plugin
+    """Load the plugin the way a server does, minus the launch check of argv; returns how it was loaded.
 
+    doctor's own argv carries the flags being checked (`doctor --enable-cp-l3 ...`), not a launch: on an
+    unsupported SGLang it must report, not exit. So it registers with no argv to check first; load_plugins()
+    then runs the entry point (which returns that ledger) and applies other plugins' hooks, as in a server.
+    """
     try:
         from sglang.srt.plugins import load_plugins
     except Exception as exc:  # sglang missing or broken: register() cannot patch anything either
         return f"sglang.srt.plugins not importable: {exc}"
-    # doctor's own argv carries the flags being checked (`doctor --enable-cp-l3 ...`); on an unsupported SGLang
-    # register() would treat them as a launch asking for a feature and exit, and doctor must report instead.
-    saved_argv, sys.argv = sys.argv, sys.argv[:1]
-    try:
-        load_plugins()
-    finally:
-        sys.argv = saved_argv
-    if plugin.ledger_state() is None and not plugin.is_disabled():
-        plugin.register()  # not installed as a distribution (source checkout): still show the patches
+    plugin.register(argv=())
+    load_plugins()
+    if not _entry_point_registered():
         return "register() called directly (entry point not installed)"
     return "load_plugins()"
-
-
-def hugepages() -> dict[str, Any]:
-    info: dict[str, Any] = {"total": 0, "free": 0, "size_kb": 0, "mounts": []}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key == "HugePages_Total":
-                    info["total"] = int(rest.split()[0])
-                elif key == "HugePages_Free":
-                    info["free"] = int(rest.split()[0])
-                elif key == "Hugepagesize":
-                    info["size_kb"] = int(rest.split()[0])
-        with open("/proc/mounts") as f:
-            info["mounts"] = [ln.split()[1] for ln in f if ln.split()[2:3] == ["hugetlbfs"]]
-    except OSError:
-        pass
-    return info
 
 
 def gpus() -> tuple[bool, list[dict[str, Any]]]:
@@ -87,42 +67,7 @@ def gpus() -> tuple[bool, list[dict[str, Any]]]:
     return True, out
 
 
-def fp4_megamoe(gpu_list: list[dict[str, Any]]) -> dict[str, Any]:
-    if not gpu_list:
-        return {"possible": False, "why": "no CUDA GPU visible"}
-    if not all(g["sm"] // 10 == 10 for g in gpu_list):
-        sms = sorted({g["sm"] for g in gpu_list})
-        return {"possible": False, "why": f"FP4 MegaMoE kernels are SM100-only; this node has SM {sms}"}
-    if _version("deep_gemm") is None and _version("deep-gemm") is None:
-        return {"possible": False, "why": "deep_gemm is not installed"}
-    return {"possible": True, "why": ""}
-
-
-def l3_paths(config_path: str | None) -> tuple[list[dict[str, Any]], list[str]]:
-    if not config_path:
-        return [], []
-    problems: list[str] = []
-    try:
-        from .l3.config import L3Config
-        from .diskcheck import probe_path
-    except ImportError as exc:
-        return [], [f"L3 engine not importable: {exc}"]
-    try:
-        cfg = L3Config.load(config_path)
-    except Exception as exc:
-        return [], [f"--cp-l3-config {config_path}: {exc}"]
-    rows = []
-    for disk in cfg.disks:
-        row = probe_path(disk.path, disk.budget)
-        rows.append(row)
-        problems.extend(row.get("problems", []))
-    return rows, problems
-
-
 def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
-    import sglang_glm_ext as plugin
-    from . import compat, features, flags
-
     loaded_via = _load_plugin()
     status = compat.version_status()
     ledger = plugin.ledger_state()
@@ -138,41 +83,46 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
     for p in (ledger.patches if ledger else ()):
         st = ledger.status.get(p.id)
         patches.append({
-            "id": p.id, "target": p.target, "feature": p.feature, "tier": p.tier.value,
-            "state": st.state.value if st else "pending", "detail": st.detail if st else "",
+            "id": p.id, "target": p.target, "feature": p.feature.name, "tier": p.tier.value,
+            "state": st.state.value if st else State.PENDING.value, "detail": st.detail if st else "",
         })
-        if st and st.state.value == "failed":
+        if st and st.state is State.FAILED:
             problems.append(f"patch {p.id} on {p.target} failed: {st.detail}")
 
     values = dict(flags.get())
     values.update({k: v for k, v in (flag_values or {}).items() if v not in (None, False)})
     feats = []
-    for f in features.FEATURES:
-        active = features.active_in(f.name, values)
-        why = features.why_unavailable(f.name) if not plugin.is_disabled() else "plugin disabled"
+    for f in FEATURES:
+        active = f.switched_on(values)
+        why = features.why_unavailable(f) if not plugin.is_disabled() else "plugin disabled"
         feats.append({"name": f.name, "title": f.title, "active": active, "available": not why,
                       "why_unavailable": why})
         if active and why:
             problems.append(f"feature {f.name} is enabled but cannot work: {why}")
 
     cuda, gpu_list = gpus()
-    l3_rows, l3_problems = l3_paths(values.get("cp_l3_config"))
-    problems.extend(l3_problems)
+    versions = {"python": platform.python_version(), "sglang": status.installed,
+                "torch": compat.installed_version("torch"),
+                "deep_gemm": compat.installed_version("deep_gemm") or compat.installed_version("deep-gemm"),
+                "flashinfer": compat.installed_version("flashinfer-python") or compat.installed_version("flashinfer")}
+    hardware: dict[str, Any] = {"cuda_available": cuda, "gpus": gpu_list}
+    probe = DoctorInput(values=values, gpus=tuple(gpu_list), versions=versions)
+    for part in DOCTOR_PARTS:  # each folder's part: its hardware keys and its problems
+        got = part(probe)
+        hardware.update(got.hardware)
+        problems.extend(got.problems)
     report = {
         "schema": SCHEMA,
         "ok": not problems,
         "problems": problems,
-        "plugin": {"version": plugin.__version__, "disabled": plugin.is_disabled(),
+        "plugin": {"version": __version__, "disabled": plugin.is_disabled(),
                    "entry_point": _entry_point_registered(), "loaded_via": loaded_via},
         "sglang": {"installed": status.installed, "supported": status.supported,
                    "supported_versions": list(compat.SUPPORTED_SGLANG), "forced": status.forced},
-        "versions": {"python": platform.python_version(), "sglang": status.installed, "torch": _version("torch"),
-                     "deep_gemm": _version("deep_gemm") or _version("deep-gemm"),
-                     "flashinfer": _version("flashinfer-python") or _version("flashinfer")},
+        "versions": versions,
         "patches": patches,
         "features": feats,
-        "hardware": {"cuda_available": cuda, "gpus": gpu_list, "fp4_megamoe": fp4_megamoe(gpu_list),
-                     "hugepages": hugepages(), "l3_paths": l3_rows},
+        "hardware": hardware,
     }
     return report
 
@@ -208,16 +158,14 @@ def render_text(report: dict[str, Any]) -> str:
 
 
 def main(args) -> int:
-    from . import flags
-
     values = flags.values_from_namespace(args)
     report = collect(values)
     if args.json:
         json.dump(report, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     elif getattr(args, "brief", False):
-        print(f"sglang-glm-ext {report['plugin']['version']}: "
-              f"{sum(p['state'] == 'applied' for p in report['patches'])}/{len(report['patches'])} patches applied, "
+        applied = sum(p["state"] == State.APPLIED.value for p in report["patches"])
+        print(f"sglang-glm-ext {report['plugin']['version']}: {applied}/{len(report['patches'])} patches applied, "
               f"{'ok' if report['ok'] else 'problems: ' + '; '.join(report['problems'])}")
     else:
         print(render_text(report))

@@ -23,9 +23,9 @@ from sglang.srt.plugins.hook_registry import HookType, _wrap_fn  # noqa: E402
 from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner  # noqa: E402
 from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner  # noqa: E402
 
-from sglang_glm_ext.cgmem import attribution as attr  # noqa: E402
-from sglang_glm_ext.cgmem import hooks  # noqa: E402
-from sglang_glm_ext.patches import PATCHES  # noqa: E402
+from sglang_glm_ext.cuda_graph_mem import attribution as attr  # noqa: E402
+from sglang_glm_ext.cuda_graph_mem import hooks  # noqa: E402
+from sglang_glm_ext.plugin.registry import PATCHES  # noqa: E402
 
 Decode = dcgr.DecodeCudaGraphRunner
 MIB = 1 << 20
@@ -274,7 +274,7 @@ def test_sglang_still_has_the_shape_the_hooks_rely_on():
         assert "capture_one_shape" in cls.__dict__  # why a class-level hook on the base is not enough
     src = inspect.getsource(Decode._capture_one_stream)
     assert "self.capture_one_shape(" in src
-    declared = {p.target.rsplit(".", 1)[1]: p for p in PATCHES if p.feature == "cg_mem"}
+    declared = {p.target.rsplit(".", 1)[1]: p for p in PATCHES if p.feature.name == "cg_mem"}
     assert set(declared) == {"capture", "_post_process_after_profile"}
     assert all(p.seed_lines == "152-162" and p.hook_type == "around" for p in declared.values())
 

@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from sglang_glm_ext import flags
+from sglang_glm_ext.plugin import flags, hooks
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -71,7 +71,7 @@ def test_env_var_switches_feature_on(monkeypatch):
 
 class _FakeEngine:
     """Stands in for Engine: its __init__ builds ServerArgs from kwargs exactly as Engine.__init__ does
-    (`self.server_args_class(**kwargs)`; tests/test_contracts.py pins that line in the real Engine)."""
+    (`self.server_args_class(**kwargs)`; tests/patching/test_contract.py pins that line in the real Engine)."""
 
     from sglang.srt.server_args import ServerArgs as server_args_class
 
@@ -83,7 +83,7 @@ class _FakeEngine:
 
 def test_engine_keywords_are_taken_out_and_attached():
     eng = _FakeEngine()
-    flags.hook_engine_init(lambda self, **kw: self.original(**kw), eng, model_path="dummy",
+    hooks.hook_engine_init(lambda self, **kw: self.original(**kw), eng, model_path="dummy",
                            log_cuda_graph_buffers=True)
     assert eng.built._glm_ext["log_cuda_graph_buffers"] is True
     assert "server_args_class" not in eng.__dict__  # the per-construction shadow is gone afterwards
@@ -92,7 +92,7 @@ def test_engine_keywords_are_taken_out_and_attached():
 def test_engine_rejects_bad_plugin_keyword_value():
     eng = _FakeEngine()
     with pytest.raises(flags.PluginFlagError, match="expects true/false"):
-        flags.hook_engine_init(lambda self, **kw: self.original(**kw), eng, model_path="dummy",
+        hooks.hook_engine_init(lambda self, **kw: self.original(**kw), eng, model_path="dummy",
                                log_cuda_graph_buffers="yes")
 
 
@@ -125,7 +125,7 @@ def test_scheduler_process_reads_flags_from_the_published_record():
 def _child_reads_flags(server_args):
     from sglang.srt.server_args import set_global_server_args_for_scheduler
 
-    from sglang_glm_ext import flags as child_flags
+    from sglang_glm_ext.plugin import flags as child_flags
 
     set_global_server_args_for_scheduler(server_args)
     return child_flags.get()
@@ -136,7 +136,7 @@ def test_switched_on_feature_whose_patch_failed_refuses_the_launch(monkeypatch):
     from sglang_glm_ext.patching.ledger import State
 
     led = plugin.ledger_state()
-    cg = [s for s in led.status.values() if s.patch.feature == "cg_mem"]
+    cg = [s for s in led.status.values() if s.patch.feature.name == "cg_mem"]
     if not cg:
         pytest.skip("no cg_mem patch declared yet")
     monkeypatch.setattr(cg[0], "state", State.FAILED)

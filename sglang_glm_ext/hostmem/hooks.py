@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import logging
 
-from .. import envs
+from .feature import HOST_REGISTER_MAX_GB
 from .plan import GIB, HostRegisterPlanError, check_chunks, plan_chunks, refusal_message
 
 logger = logging.getLogger("sglang_glm_ext")
 
 
 def ceiling_bytes() -> int:
-    raw = envs.HOST_REGISTER_MAX_GB.raw() or envs.HOST_REGISTER_MAX_GB.default
+    raw = HOST_REGISTER_MAX_GB.raw() or HOST_REGISTER_MAX_GB.default
     try:
         gb = float(raw)
     except ValueError:
-        raise HostRegisterPlanError(f"{envs.HOST_REGISTER_MAX_GB.name}={raw!r}: expected a number of GiB") from None
+        raise HostRegisterPlanError(f"{HOST_REGISTER_MAX_GB.name}={raw!r}: expected a number of GiB") from None
     if gb <= 0:
-        raise HostRegisterPlanError(f"{envs.HOST_REGISTER_MAX_GB.name}={raw!r}: must be positive")
+        raise HostRegisterPlanError(f"{HOST_REGISTER_MAX_GB.name}={raw!r}: must be positive")
     return int(gb * GIB)
 
 
@@ -63,7 +63,7 @@ def check_cuda_host_register(buffer, registration_granularity_bytes=None):
         check_chunks(chunks, total, registration_granularity_bytes, ceiling)
     except HostRegisterPlanError:
         raise HostRegisterPlanError(refusal_message(
-            total, registration_granularity_bytes, ceiling, env_name=envs.HOST_REGISTER_MAX_GB.name,
+            total, registration_granularity_bytes, ceiling, env_name=HOST_REGISTER_MAX_GB.name,
             layout=_hicache_layout(), chunk_limit_bytes=limit,
         )) from None
     return None

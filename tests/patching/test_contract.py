@@ -5,9 +5,9 @@ import types
 
 import pytest
 
-from sglang_glm_ext.patches import PATCHES
+from sglang_glm_ext.plugin.registry import PATCHES
 from sglang_glm_ext.patching import contract
-from sglang_glm_ext.patching.ledger import Patch, Tier
+from sglang_glm_ext.declare import Patch, Tier
 
 
 @pytest.mark.parametrize("patch", PATCHES, ids=[p.id for p in PATCHES])
@@ -16,8 +16,8 @@ def test_target_contract_holds_in_installed_sglang(patch):
 
 
 def test_engine_builds_server_args_the_way_the_engine_hook_expects():
-    # flags.hook_engine_init shadows Engine.server_args_class; that only works while Engine builds its record
-    # with `self.server_args_class(**kwargs)`.
+    # plugin/hooks.py:hook_engine_init shadows Engine.server_args_class; that only works while Engine builds its
+    # record with `self.server_args_class(**kwargs)`.
     import inspect
 
     from sglang.srt.entrypoints.engine import Engine

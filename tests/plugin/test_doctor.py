@@ -24,7 +24,7 @@ def report():
 
 
 def test_json_reports_supported_sglang_and_every_patch_applied(report):
-    from sglang_glm_ext.patches import PATCHES
+    from sglang_glm_ext.plugin.registry import PATCHES
 
     assert report["schema"] == 1 and report["ok"] is True and report["problems"] == []
     assert report["sglang"] == {"installed": "0.5.23", "supported": True, "supported_versions": ["0.5.23"],
@@ -75,7 +75,7 @@ def test_text_output_lists_patches():
 def test_unsupported_sglang_is_reported_not_exited_even_with_feature_flags():
     # doctor's argv holds the flags it checks; on an unsupported SGLang it must still print its report.
     code = (
-        "import sys, sglang_glm_ext.compat as c; c.installed_sglang_version = lambda: '0.5.99';"
+        "import sys, sglang_glm_ext.plugin.compat as c; c.installed_sglang_version = lambda: '0.5.99';"
         "from sglang_glm_ext.cli import main; sys.argv = ['sglang-glm-ext', 'doctor', '--json', "
         "'--log-cuda-graph-buffers']; sys.exit(main(sys.argv[1:]))"
     )

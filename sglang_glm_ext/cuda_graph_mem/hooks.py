@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from . import attribution as attr
+from .feature import FEATURE
 
 logger = logging.getLogger("sglang_glm_ext")
 
@@ -39,9 +40,7 @@ def active() -> bool:
     global _ACTIVE
     if _ACTIVE is None:
         try:
-            from .. import features
-
-            _ACTIVE = features.is_active("cg_mem")
+            _ACTIVE = FEATURE.is_active()
         except Exception as exc:  # a bad SGLANG_LOG_CG_BUFFERS value must not stop model loading
             _warn_once("cannot read the cg_mem switch; attribution is off", exc)
             _ACTIVE = False

@@ -1,11 +1,11 @@
-"""Every environment variable the package reads is declared in sglang_glm_ext/envs.py (one table)."""
+"""Every environment variable the package reads is declared, so plugin/registry.py ENV_VARS lists it (one table)."""
 
 import pathlib
 import re
 
-from sglang_glm_ext.envs import ENV_VARS
+from sglang_glm_ext.plugin.registry import ENV_VARS
 
-PKG = pathlib.Path(__file__).resolve().parents[1] / "sglang_glm_ext"
+PKG = pathlib.Path(__file__).resolve().parents[2] / "sglang_glm_ext"
 
 
 def test_every_env_read_is_declared():
@@ -20,7 +20,7 @@ def test_every_env_read_is_declared():
 def test_bool_parsing_is_strict(monkeypatch):
     import pytest
 
-    from sglang_glm_ext.envs import DISABLE
+    from sglang_glm_ext.plugin.envs import DISABLE
 
     monkeypatch.setenv(DISABLE.name, "on")
     assert DISABLE.get_bool() is True

@@ -1,18 +1,22 @@
-"""Which SGLang versions the plugin supports, and what the installed one is.
+"""The one version guard: which SGLang versions the plugin supports, what is installed, and the one refusal.
 
-SGLang only logs a plugin that fails, so the plugin guards itself: outside SUPPORTED_SGLANG it applies no
-feature patch (the guard hooks that turn plugin flags into one clear error still go in).
+SGLang only logs a plugin that fails, so the plugin guards itself. SUPPORTED_SGLANG is the range the plugin as
+a whole supports; each patch also names its own `sglang_versions`, which the ledger enforces
+(patching/ledger.py skip_reason). Outside the range no feature patch goes in, and a user who asked for a
+plugin feature gets one clear error from `refuse_unsupported` (register()'s launch check and the flag hooks
+both call it); guard patches still go in so a plugin flag fails with that error, not "unrecognized arguments".
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 from dataclasses import dataclass
+from typing import Sequence
 
 from . import envs
 
 # Exact releases the patches were written and contract-tested against. Widen only after the contract tests
-# (tests/test_contracts.py) pass on the new release and the patch manifest has been regenerated.
+# (tests/patching/test_contract.py) pass on the new release and the patch manifest has been regenerated.
 SUPPORTED_SGLANG: tuple[str, ...] = ("0.5.23",)
 
 
@@ -24,11 +28,16 @@ class UnsupportedSGLangError(SystemExit):
     """
 
 
-def installed_sglang_version() -> str | None:
+def installed_version(dist: str) -> str | None:
+    """The installed version of distribution `dist`, or None when it is not installed."""
     try:
-        return importlib.metadata.version("sglang")
+        return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def installed_sglang_version() -> str | None:
+    return installed_version("sglang")
 
 
 @dataclass(frozen=True)
@@ -65,3 +74,17 @@ def version_status(installed: str | None = None) -> VersionStatus:
         supported=installed in SUPPORTED_SGLANG,
         forced=envs.FORCE_UNSUPPORTED.get_bool(),
     )
+
+
+def refuse_unsupported(asked: Sequence[str], status: VersionStatus | None = None) -> None:
+    """The one decision "asked for a plugin feature on an unsupported SGLang": one clear error, now.
+
+    `asked` names what the user asked for (flags by their CLI names, env vars by name); nothing asked, or a
+    supported (or forced) SGLang, passes. Raised as SystemExit (UnsupportedSGLangError) because SGLang's
+    load_plugins() swallows Exception.
+    """
+    if not asked:
+        return
+    status = status or version_status()
+    if not status.patches_allowed:
+        raise UnsupportedSGLangError(status.unsupported_message(", ".join(asked)))

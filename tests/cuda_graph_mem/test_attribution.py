@@ -9,7 +9,7 @@ from typing import Optional
 import pytest
 import torch
 
-from sglang_glm_ext.cgmem import attribution as attr
+from sglang_glm_ext.cuda_graph_mem import attribution as attr
 
 
 class Mode(enum.Enum):  # stands in for SGLang's ForwardMode: the core reads only `.name`
@@ -181,7 +181,7 @@ def test_table_shows_alias_and_partial():
 
 
 def test_core_imports_without_sglang():
-    code = ("import sys; import sglang_glm_ext.cgmem.attribution; "
+    code = ("import sys; import sglang_glm_ext.cuda_graph_mem.attribution; "
             "bad = [m for m in sys.modules if m == 'sglang' or m.startswith('sglang.')]; "
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

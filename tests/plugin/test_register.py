@@ -14,7 +14,7 @@ PROBE = textwrap.dedent(
     import json, sys
     fake = __FAKE__
     if fake:
-        import sglang_glm_ext.compat as compat
+        import sglang_glm_ext.plugin.compat as compat
         compat.installed_sglang_version = lambda: fake
     sys.argv = ["launch_server"] + __ARGV__
     out = {}
@@ -71,7 +71,7 @@ def test_kill_switch_applies_nothing_and_registers_no_flag():
 
 def test_unsupported_version_skips_feature_patches_but_keeps_guards():
     out = run_probe(fake="0.5.99")
-    from sglang_glm_ext.patches import PATCHES
+    from sglang_glm_ext.plugin.registry import PATCHES
 
     for p in PATCHES:
         expect = "applied" if p.tier.value == "guard" else "skipped"
@@ -110,3 +110,27 @@ def test_bad_kill_switch_value_is_loud(value):
     proc = subprocess.run([sys.executable, "-c", "import sglang_glm_ext as p; p.register()"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode != 0 and "SGLANG_GLM_EXT_DISABLE" in proc.stderr
+
+
+def test_register_checks_the_argv_it_is_given_not_the_process_argv():
+    # doctor registers with argv=(): its own command line holds the flags it reports on, not a launch.
+    code = textwrap.dedent(
+        """
+        import sys
+        import sglang_glm_ext.plugin.compat as compat
+        compat.installed_sglang_version = lambda: "0.5.99"
+        sys.argv = ["sglang-glm-ext", "doctor", "--log-cuda-graph-buffers"]
+        import sglang_glm_ext as plugin
+        print("REGISTERED", plugin.register(argv=()) is not None)
+        plugin._reset_for_tests()
+        try:
+            plugin.register(argv=["--model-path", "m", "--enable-cp-l3"])
+        except SystemExit as exc:
+            print("EXIT", exc)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert "REGISTERED True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    (exit_line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("EXIT")]
+    assert "--enable-cp-l3" in exit_line and "0.5.99" in exit_line and "--log-cuda-graph-buffers" not in exit_line

@@ -1,0 +1,152 @@
+"""The vocabulary a feature declares itself with: Feature, Flag, EnvVar, Patch, Tier (standard library only).
+
+Feature folders import this module and nothing of `plugin/`; `plugin/registry.py` collects what they declare.
+A Feature holds its Flag and EnvVar records; each Patch points at its Feature. Whether a feature is switched on
+is derived from its own switch flags (and the env var riding on each), read from the plugin values carried on
+SGLang's ServerArgs record, so a hook asks its own FEATURE without the plugin machinery.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+# ServerArgs is a sealed msgspec struct (no field can be added), but it accepts non-field underscore attributes
+# and pickles them with the record: the plugin's flag values ride there to every scheduler subprocess.
+CARRIER_ATTR = "_glm_ext"
+
+
+class PluginFlagError(ValueError):
+    """A plugin flag has a bad value; raised before serving starts."""
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    name: str
+    default: str
+    help: str
+
+    def raw(self) -> str | None:
+        return os.environ.get(self.name)
+
+    def get_bool(self) -> bool:
+        value = os.environ.get(self.name, self.default).strip().lower()
+        if value in ("1", "true", "yes", "on"):
+            return True
+        if value in ("", "0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{self.name}={os.environ.get(self.name)!r}: expected 1/0/true/false")
+
+    def is_set(self) -> bool:
+        return self.name in os.environ
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # attribute / Engine keyword; the CLI spelling is derived (`cli`)
+    help: str
+    kind: str = "bool"  # bool | path | int
+    default: Any = None
+    env: EnvVar | None = None  # a bool flag's env var: set to 1, it turns the flag on without the flag
+    switch: bool = False  # True: this flag switches its feature on
+
+    @property
+    def cli(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def value_in(self, values: Mapping[str, Any]) -> Any:
+        """This flag's value in `values` (its default when absent), turned on by its env var if that is set."""
+        value = values.get(self.name, self.default)
+        if self.env is not None and self.kind == "bool" and not value and self.env.get_bool():
+            return True
+        return value
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One feature as users see it (doctor, the flag table, errors). "applied" (its patches are in SGLang's code)
+    and "active" (switched on for this launch) are different questions; doctor reports both."""
+
+    name: str
+    title: str
+    seed_lines: str  # lines of the seed spec this feature carries ("-" for plugin infrastructure)
+    flags: tuple[Flag, ...] = ()
+    env: tuple[EnvVar, ...] = ()
+    # Infrastructure and safety checks run whenever the plugin does; a user cannot switch them off.
+    always_on: bool = False
+    # Set when this build cannot serve the feature at all, whatever the patches say.
+    unavailable: str = ""
+    # Checks this feature's flag values (all plugin flags, defaults filled in); raises PluginFlagError.
+    validate: Callable[[Mapping[str, Any]], None] | None = field(default=None, compare=False)
+
+    def switched_on(self, values: Mapping[str, Any]) -> bool:
+        """Whether these plugin flag values (env vars folded in here) switch this feature on."""
+        return self.always_on or any(bool(f.value_in(values)) for f in self.flags if f.switch)
+
+    def is_active(self, server_args: Any = None) -> bool:
+        """Whether the user switched this feature on for this launch: read from the values carried on
+        `server_args`, or on the record SGLang published in this process when none is given."""
+        return self.switched_on(carried_values(server_args))
+
+
+def carried_values(server_args: Any = None) -> Mapping[str, Any]:
+    """The plugin flag values attached to a ServerArgs record; {} when there are none (defaults apply)."""
+    if server_args is None:
+        try:
+            from sglang.srt.runtime_context import get_server_args
+
+            server_args = get_server_args()
+        except Exception:  # no record published (tools, tests, a process outside SGLang): defaults
+            server_args = None
+    return getattr(server_args, CARRIER_ATTR, None) or {}
+
+
+class Tier(str, enum.Enum):
+    # Guard patches make plugin flags parse and fail with a clear message; they go in on any SGLang version.
+    GUARD = "guard"
+    # Feature patches change serving behaviour; only on an SGLang in their own sglang_versions (or when forced).
+    FEATURE = "feature"
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One change to SGLang. Every field ends up in docs_internal/patch_manifest.md."""
+
+    id: str
+    target: str  # dotted path of the patched attribute in SGLang
+    hook_type: str  # before | after | around | replace (SGLang HookType values)
+    hook: str  # "module:function" of our hook
+    feature: Feature
+    tier: Tier
+    reason: str
+    seed_lines: str  # lines of ../shared/seed/000_*.txt this carries ("-" for plugin infrastructure)
+    sglang_versions: tuple[str, ...]  # releases the patch applies to (the ledger enforces it for FEATURE tier)
+    remove_when: str
+    # Parameter names the hook relies on, checked by the contract test against the installed SGLang.
+    signature: tuple[str, ...]
+    # sha256[:16] of the target's source at the time the hook was written (drift check, vllm-sail style).
+    source_sha: str = ""
+
+    def resolve_hook(self) -> Callable:
+        module, _, name = self.hook.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class DoctorInput:
+    """What doctor hands every folder's `doctor.report()`: the plugin-wide facts, gathered once."""
+
+    values: Mapping[str, Any]  # the plugin flag values of the launch being checked (env vars folded in)
+    gpus: tuple[Mapping[str, Any], ...]  # visible CUDA GPUs: {index, name, sm}
+    versions: Mapping[str, str | None]  # python, sglang, torch, deep_gemm, flashinfer
+
+
+@dataclass(frozen=True)
+class DoctorPart:
+    """One folder's part of the doctor report: keys merged into "hardware", and problems (non-empty: exit 1)."""
+
+    hardware: Mapping[str, Any]
+    problems: tuple[str, ...] = ()

@@ -1,0 +1,52 @@
+"""l3 as users see it: --enable-cp-l3 / --cp-l3-config, SGLANG_CP_L3_COLD_START, and the config check at startup."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from ..declare import Feature, Flag, PluginFlagError
+from ..envs import CP_L3_COLD_START
+
+ENABLE_CP_L3 = Flag("enable_cp_l3", "Enable the durable L3 disk tier for HiCache (needs --cp-l3-config).",
+                    "bool", False, switch=True)
+CP_L3_CONFIG = Flag("cp_l3_config",
+                    "Path to the L3 config (TOML or JSON); `sglang-glm-ext l3 example-config` writes one.",
+                    "path", None)
+
+
+def validate(values: Mapping[str, Any]) -> None:
+    """A config without the switch, or the switch without a loadable config, stops the launch here."""
+    if values[CP_L3_CONFIG.name] is not None and not values[ENABLE_CP_L3.name]:
+        raise PluginFlagError(f"{CP_L3_CONFIG.cli} was given without {ENABLE_CP_L3.cli}; add {ENABLE_CP_L3.cli} "
+                              "or drop it")
+    if values[ENABLE_CP_L3.name]:
+        _check_config(values[CP_L3_CONFIG.name])
+
+
+def _check_config(path: str | None) -> None:
+    if not path:
+        raise PluginFlagError("--enable-cp-l3 needs --cp-l3-config PATH (write one: sglang-glm-ext l3 example-config)")
+    if not os.path.isfile(path):
+        raise PluginFlagError(f"--cp-l3-config {path!r}: no such file")
+    try:
+        from .config import L3Config
+    except ImportError as exc:  # pragma: no cover - packaging bug
+        raise PluginFlagError(f"--enable-cp-l3: L3 engine not importable: {exc}") from exc
+    try:
+        L3Config.load(path)
+    except Exception as exc:
+        raise PluginFlagError(f"--cp-l3-config {path!r}: {exc}") from exc
+
+
+FEATURE = Feature(
+    "l3", "durable L3 disk tier for HiCache (engine, fsck, bench)",
+    "231-250, 367-392, 426-457, 476-521",
+    flags=(ENABLE_CP_L3, CP_L3_CONFIG), env=(CP_L3_COLD_START,),
+    unavailable=(
+        "the L3 engine and `sglang-glm-ext l3` tools ship in this build, but its wiring into SGLang's "
+        "HiCache (the storage backend behind --enable-cp-l3) does not yet; serving with --enable-cp-l3 "
+        "would silently run without L3, so it is refused"
+    ),
+    validate=validate,
+)

@@ -1,0 +1,70 @@
+"""register(): what SGLang's entry point runs in every SGLang process (load_plugins()).
+
+It checks the SGLang version, applies the declared patches and verifies each one landed, and keeps the resulting
+ledger for this process (`ledger_state()`: the flag hooks and `doctor` read it).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Sequence
+
+from ..patching.ledger import Ledger, State, apply_all
+from . import __version__, compat, envs
+from .flags import asked_at_launch
+from .registry import PATCHES
+
+logger = logging.getLogger("sglang_glm_ext")
+
+_LEDGER: Ledger | None = None
+_DISABLED = False
+
+
+def ledger_state() -> Ledger | None:
+    """The ledger of this process's register() call, or None when the plugin has not registered."""
+    return _LEDGER
+
+
+def is_disabled() -> bool:
+    return _DISABLED
+
+
+def register(argv: Sequence[str] | None = None) -> Ledger | None:
+    """SGLang plugin entry point. Idempotent: a second call returns the first call's ledger.
+
+    `argv` is the launch to check for plugin flags on an unsupported SGLang: SGLang's load_plugins() passes
+    nothing, so this process's own command line (sys.argv[1:]) is checked; doctor passes () because its argv
+    holds the flags it reports on, not a launch.
+    """
+    global _LEDGER, _DISABLED
+    if _LEDGER is not None or _DISABLED:
+        return _LEDGER
+    if envs.DISABLE.get_bool():
+        _DISABLED = True
+        logger.warning("sglang-glm-ext: disabled by %s=1; no patch applied, no flag registered", envs.DISABLE.name)
+        return None
+
+    status = compat.version_status()
+    if not status.patches_allowed:
+        compat.refuse_unsupported(asked_at_launch(sys.argv[1:] if argv is None else argv), status)
+        logger.warning(
+            "sglang-glm-ext: %s; feature patches are not applied (supported: %s)",
+            status.describe(), ", ".join(compat.SUPPORTED_SGLANG),
+        )
+    unsupported = "" if status.supported else f"{status.describe()}; supported: {', '.join(compat.SUPPORTED_SGLANG)}"
+    ledger = apply_all(Ledger(PATCHES), installed=status.installed, forced=status.forced, unsupported=unsupported)
+    _LEDGER = ledger
+    applied = sum(s.state is State.APPLIED for s in ledger.status.values())
+    failed = ledger.failed()
+    logger.info("sglang-glm-ext %s: %d/%d patches applied on %s", __version__, applied, len(PATCHES),
+                status.describe())
+    if failed:
+        logger.error("sglang-glm-ext: %d patch(es) failed; features that need them refuse to start: %s",
+                     len(failed), ", ".join(s.patch.id for s in failed))
+    return ledger
+
+
+def _reset_for_tests() -> None:
+    global _LEDGER, _DISABLED
+    _LEDGER, _DISABLED = None, False

@@ -1,0 +1,49 @@
+"""The feature registry: one row per feature folder. Everything plugin-wide is derived from these rows.
+
+Row order is the order users see: doctor's feature list, the flag/env table, and the ledger. PATCHES (the
+ledger) is the rows' patch declarations concatenated in that order, so patch ids, the generated
+docs_internal/patch_manifest.md and the contract test follow from the rows alone.
+
+Adding a feature: its folder (docs_internal/architecture.md says what goes in it) plus one row in ROWS, and one
+entry in DOCTOR_PARTS when the folder has a doctor.py.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..cuda_graph_mem import feature as cuda_graph_mem, patches as cuda_graph_mem_patches
+from ..declare import DoctorInput, DoctorPart, EnvVar, Feature, Flag, Patch
+from ..hostmem import doctor as hostmem_doctor, feature as hostmem, patches as hostmem_patches
+from ..l3 import doctor as l3_doctor, feature as l3, patches as l3_patches
+from ..megamoe import doctor as megamoe_doctor
+from . import envs, feature as plugin, patches as plugin_patches
+
+ROWS: tuple[tuple[Feature, tuple[Patch, ...]], ...] = (
+    (plugin.FEATURE, plugin_patches.PATCHES),
+    (l3.FEATURE, l3_patches.PATCHES),
+    (cuda_graph_mem.FEATURE, cuda_graph_mem_patches.PATCHES),
+    (hostmem.FEATURE, hostmem_patches.PATCHES),
+)
+
+# One entry per folder that adds to doctor's report (GPU listing is plugin-wide: plugin/doctor.py). megamoe has
+# a doctor part before it has a Feature row (its Feature comes with the MegaMoE issues).
+DOCTOR_PARTS: tuple[Callable[[DoctorInput], DoctorPart], ...] = (
+    megamoe_doctor.report,
+    hostmem_doctor.report,
+    l3_doctor.report,
+)
+
+FEATURES: tuple[Feature, ...] = tuple(f for f, _ in ROWS)
+FEATURE_BY_NAME: dict[str, Feature] = {f.name: f for f in FEATURES}
+PATCHES: tuple[Patch, ...] = tuple(p for _, patches in ROWS for p in patches)
+FLAGS: tuple[Flag, ...] = tuple(flag for f in FEATURES for flag in f.flags)
+FLAG_BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
+# Every environment variable the plugin reads, in one table (DeepGEMM style): plugin-wide first, then by feature.
+FEATURE_ENV_VARS: tuple[EnvVar, ...] = tuple(e for f in FEATURES for e in f.env)
+ENV_VARS: tuple[EnvVar, ...] = envs.PLUGIN_ENV_VARS + FEATURE_ENV_VARS
+
+
+def feature_of(item: Flag | EnvVar) -> Feature | None:
+    """The feature that declares a flag or env var; None for a plugin-wide env var."""
+    return next((f for f in FEATURES if item in f.flags or item in f.env), None)

@@ -1,0 +1,65 @@
+"""The vocabulary: a flag's value with its env var folded in, and a feature's activity derived from its own flags."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from sglang_glm_ext.declare import CARRIER_ATTR, EnvVar, Feature, Flag, carried_values
+
+SWITCH_ENV = EnvVar("GLM_EXT_TEST_SWITCH", "0", "test switch")
+SWITCH = Flag("test_switch", "switches the test feature on", "bool", False, env=SWITCH_ENV, switch=True)
+OPTION = Flag("test_option", "a bool option that is no switch", "bool", False)
+PATH = Flag("test_path", "a path", "path", None)
+FEATURE = Feature("test", "a test feature", "-", flags=(SWITCH, OPTION, PATH), env=(SWITCH_ENV,))
+
+
+@pytest.fixture(autouse=True)
+def _no_env(monkeypatch):
+    monkeypatch.delenv(SWITCH_ENV.name, raising=False)
+
+
+def test_cli_spelling_is_derived_from_the_name():
+    assert SWITCH.cli == "--test-switch" and PATH.cli == "--test-path"
+
+
+def test_value_in_uses_the_default_and_the_env_var_turns_a_bool_flag_on(monkeypatch):
+    assert SWITCH.value_in({}) is False and PATH.value_in({}) is None
+    assert PATH.value_in({"test_path": "/x"}) == "/x"
+    monkeypatch.setenv(SWITCH_ENV.name, "1")
+    assert SWITCH.value_in({}) is True and SWITCH.value_in({"test_switch": False}) is True
+    monkeypatch.setenv(SWITCH_ENV.name, "bogus")
+    with pytest.raises(ValueError, match=SWITCH_ENV.name):
+        SWITCH.value_in({})
+
+
+def test_only_switch_flags_switch_a_feature_on(monkeypatch):
+    assert not FEATURE.switched_on({})
+    assert not FEATURE.switched_on({"test_option": True, "test_path": "/x"})
+    assert FEATURE.switched_on({"test_switch": True})
+    monkeypatch.setenv(SWITCH_ENV.name, "1")  # the switch's env var alone is enough
+    assert FEATURE.switched_on({})
+
+
+def test_always_on_feature_is_on_whatever_the_values():
+    assert Feature("check", "a safety check", "-", always_on=True).switched_on({})
+
+
+def test_is_active_reads_the_values_carried_on_the_record():
+    on = SimpleNamespace(**{CARRIER_ATTR: {"test_switch": True}})
+    off = SimpleNamespace(**{CARRIER_ATTR: {"test_switch": False}})
+    bare = SimpleNamespace()  # a record the plugin never attached to: defaults
+    assert FEATURE.is_active(on) and not FEATURE.is_active(off) and not FEATURE.is_active(bare)
+
+
+def test_without_a_record_the_published_one_is_read_and_none_means_defaults(monkeypatch):
+    import sglang.srt.runtime_context as rc
+
+    published = SimpleNamespace(**{CARRIER_ATTR: {"test_switch": True}})
+    monkeypatch.setattr(rc, "get_server_args", lambda: published)
+    assert FEATURE.is_active()
+
+    def unpublished():
+        raise RuntimeError("no server args published in this process")
+
+    monkeypatch.setattr(rc, "get_server_args", unpublished)
+    assert carried_values() == {} and not FEATURE.is_active()
