@@ -1,7 +1,7 @@
 """The package's import rules (docs_internal/architecture.md): folders import downwards only, and feature cores
 import no SGLang internals at import time.
 
-Layers, bottom up: `declare` (the vocabulary, standard library only), `envs`; `patching` (apply/verify machinery);
+Layers, bottom up: `declare` (the vocabulary, standard library only); `patching` (apply/verify machinery);
 the feature folders; `plugin` (machinery on top of the features); the faces `cli` and `__init__`.
 """
 
@@ -19,10 +19,9 @@ FEATURE_FOLDERS = ("cuda_graph_mem", "hostmem", "l3", "megamoe")
 # What each part of the package may import from the package (imports inside functions count too).
 ALLOWED = {
     "declare": set(),
-    "envs": {"declare"},
     "patching": {"declare"},
-    **{f: {"declare", "envs"} for f in FEATURE_FOLDERS},
-    "plugin": {"declare", "envs", "patching", *FEATURE_FOLDERS},
+    **{f: {"declare"} for f in FEATURE_FOLDERS},
+    "plugin": {"declare", "patching", *FEATURE_FOLDERS},
     "cli": {"plugin"},
     "__init__": {"plugin"},
 }

@@ -32,7 +32,7 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - 3.10
     import tomli as _toml  # type: ignore[no-redef]
 
-from .. import envs
+from .feature import CP_L3_COLD_START
 
 __all__ = [
     "L3ConfigError",
@@ -198,10 +198,10 @@ class L3Config:
         cold = _get(data, "cold_start", "cold_start", str, "clear")
         if cold not in COLD_START_MODES:
             raise L3ConfigError(f"cold_start: unknown mode {cold!r} (expected one of {COLD_START_MODES})")
-        override = envs.CP_L3_COLD_START.raw()
+        override = CP_L3_COLD_START.raw()
         if override:  # one launch's choice wins over the file; a caller's explicit open(cold_start=) over both
             if override not in COLD_START_MODES:
-                raise L3ConfigError(f"cold_start: unknown mode {override!r} from {envs.CP_L3_COLD_START.name} "
+                raise L3ConfigError(f"cold_start: unknown mode {override!r} from {CP_L3_COLD_START.name} "
                                     f"(expected one of {COLD_START_MODES})")
             cold = override
         require_plp = _get(data, "require_plp", "require_plp", bool, False)

@@ -5,8 +5,13 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from ..declare import Feature, Flag, PluginFlagError
-from ..envs import CP_L3_COLD_START
+from ..declare import EnvVar, Feature, Flag, PluginFlagError
+
+# Read where the config is loaded (config.py), so one launch's override reaches every rank's engine.
+CP_L3_COLD_START = EnvVar(
+    "SGLANG_CP_L3_COLD_START", "",
+    "Overrides the L3 config's cold_start ('clear' or 'load') for this launch.",
+)
 
 ENABLE_CP_L3 = Flag("enable_cp_l3", "Enable the durable L3 disk tier for HiCache (needs --cp-l3-config).",
                     "bool", False, switch=True)
