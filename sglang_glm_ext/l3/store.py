@@ -45,7 +45,7 @@ from .config import COLD_START_MODES, L3Config, L3ConfigError
 from .counters import Counters
 from .disk import DiskSlab, check_plp, probe_plp
 from .errors import L3OwnerLockedError, L3StoreError
-from .format import FORMAT_VERSION, HEADER_SIZE, BlobCheck, Namespace, PayloadKind, key_to_bytes, slot_bytes_for
+from .format import FORMAT_VERSION, PAYLOAD_OFFSET, BlobCheck, Namespace, PayloadKind, key_to_bytes, slot_bytes_for
 from .fsutil import make_private_dirs
 from .index import KeySpace, L3Index, deployment_tag, now_us
 from .kinds import KindState, PageLRU
@@ -260,16 +260,16 @@ class L3Store:
             ikeys = [self._ikey(kind, h) if h is not None else None for h in hashes]
             present = iter(self.index.get_many([k for k in ikeys if k is not None]))
             durable = [next(present) is not None if k is not None else False for k in ikeys]
-            pb, pad = st.page_bytes, st.slot_bytes - HEADER_SIZE - st.page_bytes
+            pb = st.page_bytes  # the writer's seal_blob zeroes the pad and writes the header
             if layout is None:
                 def fill(i: int, buf, dst: np.ndarray) -> None:
                     src = page_array(pages[i], writable=False)
                     if src.nbytes != pb:
                         raise ValueError(f"page {i} has {src.nbytes} B, expected {pb}")
-                    np.copyto(dst[HEADER_SIZE:HEADER_SIZE + pb], src)
+                    np.copyto(dst[PAYLOAD_OFFSET:PAYLOAD_OFFSET + pb], src)
             else:
                 def fill(i: int, buf, dst: np.ndarray) -> None:
-                    layout.gather_into(page_indices[i], buf.view, HEADER_SIZE)
+                    layout.gather_into(page_indices[i], buf.view, PAYLOAD_OFFSET)
             # Run.
             staged, staging, c = self._staged, self._staging, self.c
             for i in range(n):
@@ -296,8 +296,6 @@ class L3Store:
                 try:
                     dst = np.frombuffer(buf.view, dtype=np.uint8)
                     fill(i, buf, dst)
-                    if pad:
-                        dst[HEADER_SIZE + pb:].fill(0)  # no stale bytes of an older page in the pad
                 except Exception:
                     staging.release(kind, buf)
                     c.dropped_bad_input += 1

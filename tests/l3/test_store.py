@@ -271,7 +271,9 @@ def test_random_bit_flips_are_misses_never_wrong_bytes(store):
     for t in range(trials):
         spill_durable(store, [t], salt="bf")
         slot = store.index.get(store._ikey(K, bytes.fromhex(key(t, "bf")))).slot
-        off = int(rng.integers(0, HEADER_SIZE + PB))  # header or payload, never the unread pad
+        off = int(rng.integers(0, PB + HEADER_SIZE))  # payload or header, never the unread pad
+        if off >= PB:  # format v2: the header is the slot's last HEADER_SIZE bytes
+            off += SLOT - HEADER_SIZE - PB
         _flip(path, slot * SLOT + off, int(rng.integers(0, 8)))
         ok = store.reload_into(K, [key(t, "bf")], [dst])
         if ok[0]:
@@ -656,7 +658,7 @@ def test_a_stale_verify_failure_never_deletes_a_newer_entry_for_the_same_slot(st
 
     def torn(self, slot, dst, nbytes):
         got = real_read(self, slot, dst, nbytes)
-        dst.view[HEADER_SIZE + 5] ^= 0xFF  # read raced a rewrite: the payload checksum fails
+        dst.view[5] ^= 0xFF  # read raced a rewrite: the payload checksum fails (format v2: payload first)
         return got
 
     monkeypatch.setattr(store_mod.ReadOnlySlab, "read_slot_into", torn)
