@@ -5,8 +5,8 @@ Who owns what (the full table, and a page's path from ``spill`` to the slab and 
 * Caller threads (the scheduler / HiCache I/O threads) call the methods below. Each call decides once, up front,
   what the call needs (plan: the payload kind, the keys, which pages are present, which destinations can take
   their page in place), then runs with no decision left. ``spill`` only copies into staging (staging.py) and
-  queues; it never touches a slot pool and never blocks on the disk. ``reload`` reads and verifies (reload.py)
-  on the caller's thread plus a small read pool, and copies into the caller's memory.
+  queues; it never touches a slot pool and never blocks on the disk. ``reload`` reads straight into the caller's
+  memory and verifies the bytes there (reload.py), on the caller's thread plus a small read pool.
 * ONE writer thread (writer.py) owns every slot pool and page LRU; its committer thread (committer.py) makes
   batches durable; every reclaim (reclaim.py) deletes the index entry before the slot is reused.
 * ``open`` wires them, in this order: owner lock -> slab directory -> PLP -> slabs + sidecars -> index -> cold
@@ -51,7 +51,7 @@ from .index import KeySpace, L3Index, deployment_tag, now_us
 from .kinds import KindState, PageLRU
 from .messages import Admission, ClearRank, Completion, FreePages, ReloadMiss, Touch
 from .owner import OwnerLock, OwnerLockHeld
-from .reload import SlabReads
+from .reload import SlabReads, blames_entry
 from .slab_dir import check_slab_owner, read_slab_meta, slab_path, write_slab_meta
 from .slab_reader import SlabReader
 from .slot_pool import SlotPool
@@ -335,11 +335,15 @@ class L3Store:
         """Read each page into ``dsts[i]``: a writable, C-contiguous buffer of at least page_bytes (the page lands
         in its first page_bytes, in memory order). True only if the blob verified AND its bytes are now in the
         caller's buffer. A destination that cannot take the page in place (strided, Fortran-ordered, read-only,
-        too small) is a miss counted in ``reload_bad_dst`` and is left untouched; on any other False the
-        destination's contents are unspecified."""
+        too small) is a miss counted in ``reload_bad_dst`` and is left untouched. On any other False the page's
+        own bytes (``dsts[i][:page_bytes]``) may have been overwritten -- the read lands in place and is verified
+        there (reload.py) -- and nothing outside them is touched: treat the page as not loaded."""
         return self._reload(kind, keys, dsts, None, None)
 
     def reload_into_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int]) -> list[bool]:
+        """Like :meth:`reload_into`, into page ``page_indices[i]`` of a host layout, each slice where it lives (a
+        vectored O_DIRECT read into the layer chunks). On False that page's slices may have been overwritten;
+        other pages and bytes between the slices are never touched."""
         return self._reload(kind, keys, None, layout, page_indices)
 
     def _reload(self, kind, keys, dsts, layout, page_indices) -> list[bool]:
@@ -391,7 +395,9 @@ class L3Store:
                     touched.append((ikeys[i], Touch(entries[i], ts)))
                 elif why is ReloadMiss.ERROR:
                     self.c.data_path_errors += 1
-                elif why is not ReloadMiss.NO_SLAB:
+                elif why is ReloadMiss.BAD_DST:
+                    self.c.reload_bad_dst += 1
+                elif blames_entry(why):
                     # The entry points at bytes that are not this page: reclaim it (conditionally) via the writer.
                     self.c.verify_failures += 1
                     bad.append((ikeys[i], entries[i]))
@@ -421,16 +427,11 @@ class L3Store:
         return int(pidx), None
 
     def _reload_one(self, st: KindState, content_hash: bytes, e, dst, layout, pidx) -> tuple[bool, Any]:
-        """Read, verify and deliver one page into a destination the plan accepted (a flat uint8 array, or a
-        layout and page index). Returns (True, OK) or (False, why: a ``BlobCheck`` or ``ReloadMiss``)."""
-        payload, why = self._reads.read(st, content_hash, e)
-        if payload is None:
-            return False, why
+        """Read one page straight into a destination the plan accepted (a flat uint8 array, or a layout and page
+        index) and verify it there. Returns (True, OK) or (False, why: a ``BlobCheck`` or ``ReloadMiss``)."""
         if layout is None:
-            np.copyto(dst[:st.page_bytes], np.frombuffer(payload, dtype=np.uint8))
-        else:
-            layout.scatter_from(pidx, payload)
-        return True, BlobCheck.OK
+            return self._reads.read_into(st, content_hash, e, dst)
+        return self._reads.read_into_layout(st, content_hash, e, layout, pidx)
 
     def _warn_once(self, what: str, msg: str, *args) -> None:
         """Caller bugs on the data path are counted every time and logged once per store (no log flood)."""
