@@ -3,9 +3,22 @@ thread exists (so it alone touches the pools and LRUs here).
 
 * ``clear`` (default): delete every entry of this deployment and rank (all namespaces); pools start empty; the
   blobs on disk are inert and overwritten lazily. Other ranks' and other deployments' entries are untouched.
-* ``load``: keep an entry only if its slot is in range and the slot header (one 4 KiB read) names the same kind,
-  hash, namespace and payload length; occupy exactly the kept slots; delete every other entry of this rank. So the
-  entries that name this rank's slabs are exactly the allocated slots (l3_design.md, crash-safety point 3).
+* ``load``: rebuild the slot pools and LRUs from the index entries alone -- one scan of the deployment's key
+  range, no slab read -- so it costs O(entries), whatever the page size and the disk (seconds per million pages,
+  not one 4 KiB read per page). An entry of this rank and namespace is kept if its slab is one this build may keep
+  (see below), it names this rank's disk and a slot in range, and no newer entry names the same slot; every other
+  entry of this rank is deleted before the writer starts. So the entries that name this rank's slabs are exactly
+  the allocated slots (l3_design.md, crash-safety point 3).
+
+Why no slab read is needed: an entry is committed only after its payload's fdatasync (and reclaim deletes the
+entry before the slot is reused), so a kept entry names a slot that held its page when the index said so; and every
+reload verifies header and payload checksum over the bytes it read, so a slot whose bytes were lost since (a disk
+without PLP, bit rot) is a miss that reclaims its entry at the first read, never wrong bytes. A slot written but
+never committed has no entry, so it is free again. ``fsck`` still reads every referenced blob.
+
+A slab's entries are all dropped (its pages become misses, its slots free) when its previous sidecar does not
+show a slab of this format and geometry: it was created by this open, it has no sidecar, the sidecar names an
+older format version (v1 blobs: the upgrade policy in l3_format.md) or other slot or page sizes.
 
 Either way, entries of this deployment+rank under ANOTHER namespace are dropped: the rank's slabs are reused by the
 current namespace, so such entries would point at slots this process will hand out. The stale drop matches on
@@ -15,74 +28,94 @@ written an entry naming its slots, and a touch must not save a stale entry.
 
 from __future__ import annotations
 
-import collections
+import logging
 from dataclasses import dataclass
 from typing import Mapping
 
 from .errors import L3StoreError
-from .format import BlobHeader, PayloadKind, parse_header
+from .format import FORMAT_VERSION, PayloadKind
 from .index import IndexEntry, KeySpace, L3Index, split_key
 from .kinds import KindState
 
-__all__ = ["ColdStart", "apply"]
+__all__ = ["ColdStart", "apply", "slab_verdict"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ColdStart:
     mode: str
     loaded_pages: int  # entries kept (load)
-    stale_dropped: int  # entries of this rank deleted because their slot no longer holds the page (load)
+    stale_dropped: int  # entries of this rank deleted because they cannot name a live page of this store (load)
+    discarded: tuple = ()  # (kind label, why) for each slab whose entries were all dropped (load)
+
+
+def slab_verdict(st: KindState, meta: "dict | None") -> "str | None":
+    """None if the entries naming this slab may be kept, else why not (the slab's previous sidecar ``meta``, read
+    before this open rewrote it, is the only record of what wrote its blobs)."""
+    if getattr(st.slab, "created", False):
+        return "the slab file was created by this open"
+    if not isinstance(meta, dict):
+        return "the slab has no sidecar"
+    if meta.get("format_version") != FORMAT_VERSION:
+        return f"its blobs are format v{meta.get('format_version')}, this build serves v{FORMAT_VERSION}"
+    for name, want in (("slot_bytes", st.slot_bytes), ("num_slots", st.num_slots), ("page_bytes", st.page_bytes)):
+        if meta.get(name) != want:
+            return f"its sidecar says {name}={meta.get(name)!r}, this store uses {want}"
+    return None
 
 
 def apply(mode: str, index: L3Index, keys: KeySpace, rank: int, disk: int,
-          kinds: Mapping[PayloadKind, KindState]) -> ColdStart:
+          kinds: Mapping[PayloadKind, KindState], prior_meta: Mapping[PayloadKind, "dict | None"]) -> ColdStart:
     if mode == "clear":
         index.delete_for(keys.deployment, rank)  # every namespace; by position if the index is damaged
         for st in kinds.values():
             st.pool.reset()
         return ColdStart(mode, 0, 0)
-    index.delete_for(keys.deployment, rank, keep_ns=keys.namespace)
-    loaded = 0
-    # scan, not a key search per entry: a damaged key must neither end the walk nor hide the entries after it
-    scan = index.scan(keys.deployment + keys.namespace)
-    by_kind: dict[int, list[tuple[bytes, IndexEntry]]] = collections.defaultdict(list)
-    for key, e in scan.items:
-        if e.rank == rank:
-            by_kind[split_key(key).kind].append((key, e))
+    # One scan of the deployment's range (every namespace), not a key search per entry: a damaged key must neither
+    # end the walk nor hide the entries after it.
+    scan = index.scan(keys.deployment)
     stale: list[tuple[bytes, IndexEntry]] = []
+    by_kind: dict[int, list[tuple[bytes, IndexEntry]]] = {}
+    for key, e in scan.items:
+        if e.rank != rank:
+            continue
+        k = split_key(key)
+        if k.namespace != keys.namespace:
+            stale.append((key, e))
+        else:
+            by_kind.setdefault(k.kind, []).append((key, e))
+    loaded, discarded = 0, []
     for kind_byte, items in by_kind.items():
         kind = PayloadKind.from_byte(kind_byte)
         st = kinds.get(kind) if kind is not None else None
-        if st is None:
-            stale.extend(items)  # a kind this process does not serve: its slab is not ours to keep
+        why = "a kind this store does not serve" if st is None else slab_verdict(st, prior_meta.get(kind))
+        if why is not None:
+            stale.extend(items)  # not ours to keep: its slots are (or become) this store's free slots
+            discarded.append((kind.label if kind is not None else f"kind {kind_byte}", why))
+            log.info("L3 cold start (load), rank %d: dropping %d entries of %s: %s", rank, len(items),
+                     discarded[-1][0], why)
             continue
-        kept: list[tuple[bytes, int, int]] = []
-        seen: set[int] = set()
+        # One entry per slot: the newest commit wins (a slot is rewritten only after its older entry's delete
+        # committed, so a duplicate is a delete that never landed); verify-on-read covers the rest.
+        best: dict[int, tuple[bytes, IndexEntry]] = {}
+        n = st.num_slots
         for key, e in items:
-            ok = False
-            if e.disk == disk and 0 <= e.slot < st.num_slots and e.slot not in seen:
-                hdr = _read_header(st, e.slot)
-                ok = (hdr is not None and hdr.kind == st.kind and hdr.content_hash == split_key(key).content_hash
-                      and hdr.ns_digest == keys.namespace and hdr.payload_len == st.page_bytes)
-            if ok:
-                seen.add(e.slot)
-                kept.append((key, e.last_access, e.slot))
+            if e.disk != disk or not 0 <= e.slot < n:
+                stale.append((key, e))
+                continue
+            other = best.get(e.slot)
+            if other is None:
+                best[e.slot] = (key, e)
+            elif e.last_access > other[1].last_access:
+                stale.append(other)
+                best[e.slot] = (key, e)
             else:
                 stale.append((key, e))
-        st.pool.rebuild_from_allocated([slot for _, _, slot in kept])
-        st.lru.load(kept)
-        loaded += len(kept)
+        st.pool.rebuild_from_allocated(list(best))
+        st.lru.load([(key, e.last_access, slot) for slot, (key, e) in best.items()])
+        loaded += len(best)
     # Stale entries point at slots this rank may now hand out: remove them before any write can happen.
     if stale and index.delete_scanned(stale, damaged=bool(scan.damaged)) is None:
         raise L3StoreError("index map full while dropping stale entries; enlarge index.map_size")
-    return ColdStart(mode, loaded, len(stale))
-
-
-def _read_header(st: KindState, slot: int) -> "BlobHeader | None":
-    try:
-        h = st.slab.read_header(slot)
-    except Exception:
-        return None
-    if h is None or hasattr(h, "content_hash"):
-        return h
-    return parse_header(h)
+    return ColdStart(mode, loaded, len(stale), tuple(discarded))

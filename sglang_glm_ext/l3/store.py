@@ -194,6 +194,7 @@ class L3Store:
 
         direct = {"auto": "auto", "on": True, "off": False}[config.direct_io]
         seq = itertools.count(1)  # one LRU push order across the kinds
+        prior_meta: dict[PayloadKind, dict | None] = {}  # each slab's sidecar as the previous owner left it
         try:
             for kind, pb in kinds.items():
                 path = slab_path(config, rank, kind)
@@ -201,6 +202,7 @@ class L3Store:
                 slab = DiskSlab.open(path, slot_bytes=slot_bytes[kind], num_slots=n, create=True, direct=direct)
                 self._kinds[kind] = KindState(kind, pb, slot_bytes[kind], n, slab, SlotPool(n), PageLRU(seq))
                 check_slab_owner(path, config.deployment_id, rank)
+                prior_meta[kind] = read_slab_meta(path)
                 write_slab_meta(path, {
                     "format_version": FORMAT_VERSION, "kind": kind.label, "slot_bytes": slot_bytes[kind],
                     "num_slots": n, "page_bytes": pb, "deployment_id": config.deployment_id,
@@ -215,7 +217,7 @@ class L3Store:
 
         # Cold start runs single-threaded, BEFORE the writer exists: the writer is the sole pool/LRU owner after.
         try:
-            done = coldstart.apply(mode, self.index, self._keys, rank, self.disk, self._kinds)
+            done = coldstart.apply(mode, self.index, self._keys, rank, self.disk, self._kinds, prior_meta)
         except Exception as e:
             self._close_files()
             raise L3StoreError(f"cold_start={mode}: failed for rank {rank}: {type(e).__name__}: {e}") from e
