@@ -34,7 +34,7 @@ from typing import Mapping
 
 from .errors import L3StoreError
 from .format import FORMAT_VERSION, PayloadKind
-from .index import IndexEntry, KeySpace, L3Index, split_key
+from .index import IndexEntry, KeySpace, L3Index
 from .kinds import KindState
 
 __all__ = ["ColdStart", "apply", "slab_verdict"]
@@ -75,24 +75,27 @@ def apply(mode: str, index: L3Index, keys: KeySpace, rank: int, disk: int,
     # One scan of the deployment's range (every namespace), not a key search per entry: a damaged key must neither
     # end the walk nor hide the entries after it.
     scan = index.scan(keys.deployment)
+    # Which (namespace, kind) a key belongs to, by its KeySpace prefix: one slice and one dict lookup per entry
+    # (the load's cost is this loop, so it stays O(1) per entry and allocation-free for other ranks' entries).
+    ours = {keys.prefix(k): k for k in PayloadKind}
+    plen = len(next(iter(ours)))
     stale: list[tuple[bytes, IndexEntry]] = []
-    by_kind: dict[int, list[tuple[bytes, IndexEntry]]] = {}
-    for key, e in scan.items:
-        if e.rank != rank:
+    by_kind: dict[PayloadKind, list[tuple[bytes, IndexEntry]]] = {}
+    for item in scan.items:
+        if item[1].rank != rank:
             continue
-        k = split_key(key)
-        if k.namespace != keys.namespace:
-            stale.append((key, e))
+        kind = ours.get(item[0][:plen])
+        if kind is None:  # another namespace of this deployment: its slots are this store's now
+            stale.append(item)
         else:
-            by_kind.setdefault(k.kind, []).append((key, e))
+            by_kind.setdefault(kind, []).append(item)
     loaded, discarded = 0, []
-    for kind_byte, items in by_kind.items():
-        kind = PayloadKind.from_byte(kind_byte)
-        st = kinds.get(kind) if kind is not None else None
+    for kind, items in by_kind.items():
+        st = kinds.get(kind)
         why = "a kind this store does not serve" if st is None else slab_verdict(st, prior_meta.get(kind))
         if why is not None:
             stale.extend(items)  # not ours to keep: its slots are (or become) this store's free slots
-            discarded.append((kind.label if kind is not None else f"kind {kind_byte}", why))
+            discarded.append((kind.label, why))
             log.info("L3 cold start (load), rank %d: dropping %d entries of %s: %s", rank, len(items),
                      discarded[-1][0], why)
             continue
@@ -100,18 +103,18 @@ def apply(mode: str, index: L3Index, keys: KeySpace, rank: int, disk: int,
         # committed, so a duplicate is a delete that never landed); verify-on-read covers the rest.
         best: dict[int, tuple[bytes, IndexEntry]] = {}
         n = st.num_slots
-        for key, e in items:
+        for item in items:
+            e = item[1]
             if e.disk != disk or not 0 <= e.slot < n:
-                stale.append((key, e))
+                stale.append(item)
                 continue
-            other = best.get(e.slot)
-            if other is None:
-                best[e.slot] = (key, e)
-            elif e.last_access > other[1].last_access:
-                stale.append(other)
-                best[e.slot] = (key, e)
-            else:
-                stale.append((key, e))
+            other = best.setdefault(e.slot, item)
+            if other is not item:
+                if e.last_access > other[1].last_access:
+                    stale.append(other)
+                    best[e.slot] = item
+                else:
+                    stale.append(item)
         st.pool.rebuild_from_allocated(list(best))
         st.lru.load([(key, e.last_access, slot) for slot, (key, e) in best.items()])
         loaded += len(best)
