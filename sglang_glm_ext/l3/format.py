@@ -45,6 +45,7 @@ import hashlib
 import json
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import xxhash
 
@@ -295,8 +296,9 @@ def seal_blob(buf, *, kind, content_hash, ns_digest: bytes, payload_len: int) ->
     return checksum
 
 
-@dataclass(frozen=True)
-class BlobHeader:
+class BlobHeader(NamedTuple):
+    """A parsed header (a tuple: it is made once per reload, on the hot path)."""
+
     version: int
     kind: PayloadKind
     flags: int

@@ -236,10 +236,11 @@ class PageLayout:
 
     def read_plan(self, page_index: int, slot_bytes: int, align: DioAlignment, vectored: bool) -> ReadPlan:
         """The read plan for this page's slot (shared by every page with the same addresses modulo ``align.mem``)."""
-        per = self._read_plans.get(("period", align.mem))
+        mem = align.mem
+        per = self._read_plans.get(mem)
         if per is None:
-            per = self._read_plans[("period", align.mem)] = period(self._strides, align.mem)
-        key = (page_index % per, slot_bytes, align, vectored)
+            per = self._read_plans[mem] = period(self._strides, mem)
+        key = (page_index % per, slot_bytes, mem, align.offset, vectored)
         plan = self._read_plans.get(key)
         if plan is None:
             mods = tuple((b + page_index * st) % align.mem for b, st in zip(self._bases, self._strides))

@@ -40,7 +40,10 @@ class ReadPlan(NamedTuple):
     trailer_at: int
     bounce_bytes: int
     direct_bytes: int  # payload bytes the plan reads straight into the destination
+    payload_bytes: int
     align: DioAlignment  # what the plan was made for (a reader that falls back re-plans)
+    span_segments: "tuple | None"  # where each span is exactly one direct segment: those segments' indices, in
+    #                                span order (the checksum then runs over the read's own views); else None
 
 
 def _up(n: int, a: int) -> int:
@@ -86,8 +89,11 @@ def plan_read(lengths: tuple, mods: tuple, slot_bytes: int, align: DioAlignment,
             r += 1
         copies.append((i, off, regions[r][2] + start - regions[r][0], n))
     last = regions[-1]  # the header is after the payload, so never in a direct segment
+    whole = None
+    if not copies and len(direct) == len(lengths):
+        whole = tuple(j for j, seg in enumerate(segments) if seg[0] >= 0)
     return ReadPlan(tuple(segments), tuple(copies), last[2] + slot_bytes - HEADER_SIZE - last[0], max(at, mem),
-                    sum(d[3] for d in direct), align)
+                    sum(d[3] for d in direct), payload, align, whole)
 
 
 def period(strides: Sequence[int], mem: int) -> int:

@@ -181,10 +181,11 @@ class SlabReader:
             self._read(block.view, offset + self.slot_bytes - BLOCK)
         return head, bytes(block.view[BLOCK - HEADER_SIZE:])
 
-    def read_spans(self, slot: int, spans, plan: ReadPlan, bounce: AlignedBuffer) -> bytes:
+    def read_spans(self, slot: int, spans, plan: ReadPlan, bounce: AlignedBuffer) -> "tuple[bytes, list]":
         """Read the slot in one pass as ``plan`` says: its direct segments straight into ``spans`` (a
         ``layout.PageSpans``), the rest into ``bounce`` (mem-aligned, >= ``plan.bounce_bytes``) and copied out.
-        Returns the slot's last HEADER_SIZE bytes (its v2 header). Writes nothing but the spans' own bytes.
+        Returns the slot's last HEADER_SIZE bytes (its v2 header) and the spans as views in payload order (what
+        the checksum runs over). Writes nothing but the spans' own bytes.
 
         ``plan`` must be for this slot size and ``self.align``; if the kernel refuses the transfer the reader falls
         back (module docstring) and the read is redone under a plan for the new alignment. Raises OSError on I/O
@@ -192,7 +193,7 @@ class SlabReader:
         offset = self._offset(slot)
         for _ in range(3):  # the plan given, then at most two fallbacks (4 KiB plans, buffered reads)
             try:
-                self._run(plan, spans, bounce, offset)
+                iov = self._run(plan, spans, bounce, offset)
                 break
             except _Refused:
                 mods = tuple((b + s) % self.align.mem for b, s in zip(spans.bases, spans.starts))
@@ -200,12 +201,14 @@ class SlabReader:
                 bounce = self._thread_buffer("replan", plan.bounce_bytes)
         else:  # pragma: no cover - each fallback changes the alignment, and buffered reads never raise _Refused
             raise OSError(errno.EINVAL, f"direct read of {self.path} refused under every fallback")
-        self.counters["span_reads"] += 1
-        self.counters["direct_bytes"] += plan.direct_bytes
-        self.counters["bounced_bytes"] += sum(spans.lengths) - plan.direct_bytes
-        return bytes(bounce.view[plan.trailer_at:plan.trailer_at + HEADER_SIZE])
+        c = self.counters
+        c["span_reads"] += 1
+        c["direct_bytes"] += plan.direct_bytes
+        c["bounced_bytes"] += plan.payload_bytes - plan.direct_bytes
+        pieces = [iov[j] for j in plan.span_segments] if plan.span_segments is not None else spans.pieces()
+        return bytes(bounce.view[plan.trailer_at:plan.trailer_at + HEADER_SIZE]), pieces
 
-    def _run(self, plan: ReadPlan, spans, bounce: AlignedBuffer, offset: int) -> None:
+    def _run(self, plan: ReadPlan, spans, bounce: AlignedBuffer, offset: int) -> list:
         if len(bounce) < plan.bounce_bytes or bounce.address % self.align.mem:
             raise ValueError(f"bounce buffer must be {self.align.mem} B-aligned and >= {plan.bounce_bytes} B")
         views, starts, bv = spans.views, spans.starts, bounce.view
@@ -219,38 +222,51 @@ class SlabReader:
                 ctypes.memmove(spans.bases[i] + s, base + at, n)
             else:
                 views[i][s:s + n] = bv[at:at + n]
+        return iov
 
     def _readv(self, iov: list, offset: int, align: DioAlignment) -> None:
-        """Fill every view of ``iov`` from ``offset`` on, in order (short transfers continued; at most IOV_MAX
-        views per call, so every call starts at a segment boundary: an aligned file offset)."""
-        k, pos = 0, offset
-        while k < len(iov):
-            batch = iov[k:k + _IOV_MAX]
-            try:
-                got = os.preadv(self._fd, batch, pos)
-            except OSError as e:
-                if e.errno != errno.EINVAL or not self.direct:
-                    raise
-                self._refused(align)
+        """Fill every view of ``iov`` from ``offset`` on, in order: one ``preadv`` of the whole slot, the common
+        case; short transfers are continued and more than IOV_MAX views split, each call starting at a segment
+        boundary (an aligned file offset). ``iov`` itself is never changed (the caller hashes its views)."""
+        if len(iov) <= _IOV_MAX:
+            got = self._preadv(iov, offset, align)
+            if got == self.slot_bytes:
+                return
+        else:
+            got = 0
+        todo, pos = list(iov), offset
+        while todo:
+            while todo and got >= len(todo[0]):  # whole views done
+                got -= len(todo[0])
+                todo.pop(0)
+            if got:  # a view done in part: continue inside it
+                todo[0] = todo[0][got:]
+            if not todo:
+                return
+            pos = offset + self.slot_bytes - sum(len(v) for v in todo)
+            got = self._preadv(todo[:_IOV_MAX], pos, align)
             if got <= 0:
                 if not self.tolerant:
                     raise ShortRead(f"short read at offset {pos} in {self.path}")
-                for v in iov[k:]:
+                for v in todo:
                     v[:] = bytes(len(v))
                 return
-            pos += got
-            while k < len(iov) and got >= len(iov[k]):  # whole views done
-                got -= len(iov[k])
-                k += 1
-            if got:  # a view done in part: continue inside it
-                iov[k] = iov[k][got:]
+
+    def _preadv(self, iov: list, pos: int, align: DioAlignment) -> int:
+        try:
+            return os.preadv(self._fd, iov, pos)
+        except OSError as e:
+            if e.errno != errno.EINVAL or not self.direct:
+                raise
+            self._refused(align)
+            raise  # pragma: no cover - _refused always raises
 
     def _refused(self, align: DioAlignment) -> None:
         """EINVAL on a direct transfer planned under ``align``: 4 KiB plans first, then buffered reads (a descriptor
         of our own only: the owner's was probed at open, so there a refusal is an error). Raises _Refused to make
         the caller re-plan. A thread whose plan predates another thread's fallback only re-plans."""
         with self._lock:
-            if align != self.align:
+            if (align.mem, align.offset) != (self.align.mem, self.align.offset):
                 raise _Refused()
             if align.mem < BLOCK or align.offset < BLOCK:
                 self.align = CONSERVATIVE

@@ -385,10 +385,7 @@ class L3Store:
                     return False, ReloadMiss.ERROR
 
             # Run.
-            if len(jobs) > 1 and self.config.reload_threads > 1:
-                results = list(self._reads.pool.map(run, jobs))
-            else:
-                results = [run(job) for job in jobs]
+            results = self._reads.run_all(run, jobs)
             ts = now_us()
             touched, bad = [], []
             for (i, _), (ok, why) in zip(jobs, results):

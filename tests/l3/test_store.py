@@ -657,10 +657,10 @@ def test_a_stale_verify_failure_never_deletes_a_newer_entry_for_the_same_slot(st
     monkeypatch.setattr(store.index, "get_many", lambda keys: [e1])  # the reader's snapshot from before the free
 
     def torn(self, slot, spans, plan, bounce):
-        trailer = real_read(self, slot, spans, plan, bounce)
+        got = real_read(self, slot, spans, plan, bounce)
         view, at = spans.views[0], spans.starts[0] + 5
         view[at] ^= 0xFF  # read raced a rewrite: the payload checksum fails
-        return trailer
+        return got
 
     monkeypatch.setattr(store_mod.ReadOnlySlab, "read_spans", torn)
     assert store.reload_into(K, [key(7)], [np.zeros(PB, np.uint8)]) == [False]
