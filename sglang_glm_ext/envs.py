@@ -54,4 +54,14 @@ HOST_REGISTER_MAX_GB = EnvVar(
     "Largest single cudaHostRegister the plugin allows (GiB); B300 fails at 1024 GiB, 512 GiB works.",
 )
 
-ENV_VARS: tuple[EnvVar, ...] = (DISABLE, FORCE_UNSUPPORTED, LOG_CG_BUFFERS, CP_L3_COLD_START, HOST_REGISTER_MAX_GB)
+# --- hugepages (seed 322-338; owner: sglang_glm_ext/hostmem) ---
+HUGEPAGE_FALLBACK = EnvVar(
+    "SGLANG_GLM_EXT_HUGEPAGE_FALLBACK", "0", "hugepages",
+    "1 = keep SGLang's fallback to ordinary pages (logged) when SGLANG_HUGEPAGE_SIZE is unknown, the hugepages do "
+    "not suffice, MAP_HUGETLB fails or the host-pool allocator ignores hugepages; the pool is then checked against "
+    "RAM as upstream. 0 = each is a clear startup error.",
+)
+# --- end hugepages ---
+
+ENV_VARS: tuple[EnvVar, ...] = (DISABLE, FORCE_UNSUPPORTED, LOG_CG_BUFFERS, CP_L3_COLD_START, HOST_REGISTER_MAX_GB,
+                                HUGEPAGE_FALLBACK)

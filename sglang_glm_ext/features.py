@@ -38,6 +38,10 @@ FEATURES: tuple[Feature, ...] = (
             flags=("log_cuda_graph_buffers",), env=("SGLANG_LOG_CG_BUFFERS",)),
     Feature("host_register", "cudaHostRegister ceiling check for host KV pools", "297-321",
             env=("SGLANG_GLM_EXT_HOST_REGISTER_MAX_GB",), always_on=True),
+    # --- hugepages ---
+    Feature("hugepages", "hugepage-backed host KV pools: capacity check first, no silent fallback, no RAM refusal",
+            "322-338", env=("SGLANG_GLM_EXT_HUGEPAGE_FALLBACK",), always_on=True),
+    # --- end hugepages ---
 )
 FEATURE_BY_NAME = {f.name: f for f in FEATURES}
 
