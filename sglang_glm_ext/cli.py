@@ -16,6 +16,9 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--json", action="store_true", help="stable JSON output (schema in sglang_glm_ext/doctor.py)")
     doc.add_argument("--brief", action="store_true", help="one line")
     flags.add_arguments(doc)  # `doctor --enable-cp-l3 --cp-l3-config x.toml` checks what that launch would need
+    from .hostmem.hugepages_doctor import add_doctor_arguments  # --- hugepages: --hicache-size, --ranks-per-node
+
+    add_doctor_arguments(doc)
 
     sub.add_parser("flags", help="list the plugin's CLI flags and environment variables")
 

@@ -7,7 +7,13 @@ JSON schema (stable; bump SCHEMA on any breaking change, documented in README "d
   patches: [{id, target, feature, tier, state, detail}],
   features: [{name, title, active, available, why_unavailable}],
   hardware: {cuda_available, gpus: [{index, name, sm}], fp4_megamoe: {possible, why},
-             hugepages: {...}, l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}]}
+             hugepages: {total, free, size_kb, mounts, default_size_kb, sizes: [{size_kb, total, free, resv,
+                         surplus, overcommit, usable, nodes: [{node, total, free, surplus}]}],
+                         selected: {env, size_kb, error}, cgroup_limits: [{size_kb, path, limit_bytes,
+                         usage_bytes}], fit: null | {hicache_size_gb, ranks_per_node, ranks_source, size_kb,
+                         need_pages, usable_pages, fits, limited_by, message}, unknown: [str]},
+             l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}]}
+  (null = the kernel did not say; `unknown` names why.)
 """
 
 from __future__ import annotations
@@ -54,23 +60,26 @@ def _load_plugin() -> str:
     return "load_plugins()"
 
 
-def hugepages() -> dict[str, Any]:
-    info: dict[str, Any] = {"total": 0, "free": 0, "size_kb": 0, "mounts": []}
+# --- hugepages (seed 322-338): the probe lives in hostmem/hugepages_doctor.py ---
+def hugepages(hicache_size: int | None = None, ranks_per_node: int | None = None,
+              gpu_count: int = 0) -> tuple[dict[str, Any], list[str]]:
+    from .hostmem.hugepages_doctor import report
+
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                if key == "HugePages_Total":
-                    info["total"] = int(rest.split()[0])
-                elif key == "HugePages_Free":
-                    info["free"] = int(rest.split()[0])
-                elif key == "Hugepagesize":
-                    info["size_kb"] = int(rest.split()[0])
-        with open("/proc/mounts") as f:
-            info["mounts"] = [ln.split()[1] for ln in f if ln.split()[2:3] == ["hugetlbfs"]]
-    except OSError:
-        pass
-    return info
+        from sglang.srt.environ import envs as sglang_envs
+
+        selected = sglang_envs.SGLANG_HUGEPAGE_SIZE.get() or None
+    except Exception:  # SGLang missing or broken: reported elsewhere
+        selected = None
+    if ranks_per_node:
+        source = "--ranks-per-node"
+    elif gpu_count:
+        ranks_per_node, source = gpu_count, "one per visible GPU"
+    else:
+        ranks_per_node, source = 1, "default; pass --ranks-per-node"
+    return report("/", selected_raw=selected, hicache_size=hicache_size, ranks_per_node=ranks_per_node,
+                  ranks_source=source)
+# --- end hugepages ---
 
 
 def gpus() -> tuple[bool, list[dict[str, Any]]]:
@@ -119,7 +128,8 @@ def l3_paths(config_path: str | None) -> tuple[list[dict[str, Any]], list[str]]:
     return rows, problems
 
 
-def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
+def collect(flag_values: dict[str, Any] | None = None, *, hicache_size: int | None = None,
+            ranks_per_node: int | None = None) -> dict[str, Any]:
     import sglang_glm_ext as plugin
     from . import compat, features, flags
 
@@ -158,6 +168,8 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
     cuda, gpu_list = gpus()
     l3_rows, l3_problems = l3_paths(values.get("cp_l3_config"))
     problems.extend(l3_problems)
+    hp_info, hp_problems = hugepages(hicache_size, ranks_per_node, len(gpu_list))  # --- hugepages ---
+    problems.extend(hp_problems)
     report = {
         "schema": SCHEMA,
         "ok": not problems,
@@ -172,7 +184,7 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
         "patches": patches,
         "features": feats,
         "hardware": {"cuda_available": cuda, "gpus": gpu_list, "fp4_megamoe": fp4_megamoe(gpu_list),
-                     "hugepages": hugepages(), "l3_paths": l3_rows},
+                     "hugepages": hp_info, "l3_paths": l3_rows},
     }
     return report
 
@@ -200,6 +212,9 @@ def render_text(report: dict[str, Any]) -> str:
     hp = h["hugepages"]
     lines.append(f"  hugepages: {hp['free']}/{hp['total']} free x {hp['size_kb']} kB, hugetlbfs mounts: "
                  f"{hp['mounts'] or 'none'}")
+    from .hostmem.hugepages_doctor import render_lines  # --- hugepages ---
+
+    lines.extend(render_lines(hp))
     for row in h["l3_paths"]:
         lines.append(f"  L3 path {row['path']}: o_direct={row.get('o_direct')} free={row.get('free_bytes')} "
                      f"budget={row.get('budget_bytes')}")
@@ -211,7 +226,8 @@ def main(args) -> int:
     from . import flags
 
     values = flags.values_from_namespace(args)
-    report = collect(values)
+    report = collect(values, hicache_size=getattr(args, "hicache_size", None),
+                     ranks_per_node=getattr(args, "ranks_per_node", None))
     if args.json:
         json.dump(report, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")

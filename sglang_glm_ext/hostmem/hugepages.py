@@ -592,6 +592,16 @@ def launch_need_pages(hicache_size_gb: float, page_bytes: int) -> int:
     return pages_for(int(hicache_size_gb * 1e9), page_bytes)
 
 
+def per_rank_budget(usable_pages: int, page_bytes: int, ranks: int) -> tuple[int, int]:
+    """(bytes, whole GB for --hicache-size) one of `ranks` equal ranks may take so all of them fit.
+
+    Whole pages per rank first: each rank's mapping rounds up to a page, so the GB figure is rounded down
+    through the page count (a GB figure from the byte share could need one page more per rank).
+    """
+    per_rank = (max(usable_pages, 0) // max(ranks, 1)) * page_bytes
+    return per_rank, int(per_rank // 10**9)
+
+
 def free_by_size(root: str) -> dict[int, int]:
     """Usable pages of every size this kernel has, for the 'wrong size?' hint."""
     out = {}

@@ -149,7 +149,7 @@ def plan_launch(server_args) -> dict | None:
             msg = hp.shortfall_message(
                 sf, what=f"the HiCache host pools (--hicache-size {hicache_size} GB per rank, at least)",
                 default_page_bytes=hp.default_page_bytes(root), other_sizes=hp.free_by_size(root),
-                lower_hint=_lower_hint(cfg, _share(cap.usable_pages, page, ranks), ranks),
+                lower_hint=_lower_hint(cfg, _share(cap.usable_pages, ranks), page, ranks),
                 fallback_env=envs.HUGEPAGE_FALLBACK.name)
             if fallback_allowed():
                 _warn_once("launch-capacity", "%s", msg)
@@ -162,8 +162,9 @@ def plan_launch(server_args) -> dict | None:
     return plan
 
 
-def _share(usable_pages: int | None, page: int, ranks: int) -> int | None:
-    return None if usable_pages is None else usable_pages * page // max(ranks, 1)
+def _share(usable_pages: int | None, ranks: int) -> int | None:
+    """Whole pages per rank of `usable_pages` shared by `ranks` equal ranks."""
+    return None if usable_pages is None else usable_pages // max(ranks, 1)
 
 
 def _field(cfg, name: str, default=None):
@@ -180,15 +181,16 @@ def _int(cfg, name: str) -> int:
         return 1
 
 
-def _lower_hint(cfg, per_rank_bytes: int | None, ranks: int) -> str:
-    """`per_rank_bytes`: what one rank's host pools may take in total (None: unknown)."""
+def _lower_hint(cfg, per_rank_pages: int | None, page: int, ranks: int) -> str:
+    """`per_rank_pages`: what one rank's host pools may take in all (None: unknown)."""
     size = _field(cfg, "hicache_size", 0) if cfg is not None else 0
     now = f" (now {size} GB per rank)" if size else ""
-    if per_rank_bytes is None:
+    if per_rank_pages is None:
         return f"lower --hicache-size{now} / --hicache-ratio"
+    nbytes, gb = hp.per_rank_budget(per_rank_pages, page, 1)
     whose = f"each of the {ranks} ranks on this node" if ranks > 1 else "this rank"
     return (f"lower --hicache-size{now} or --hicache-ratio so the host pools of {whose} take at most "
-            f"{hp.gib(per_rank_bytes)} ({per_rank_bytes / 1e9:.1f} GB) in all")
+            f"{hp.gib(nbytes)} in all (--hicache-size {gb} at most)")
 
 
 def hook_check_server_args(result, server_args, *args, **kwargs):
@@ -258,12 +260,12 @@ def rank_check(need_bytes: int, page: int, *, what: str, pages: int | None = Non
     if sf is not None:
         # What one rank may take: its share of the launch figure when there is one, else what it can map now.
         if plan is not None and plan.usable_pages is not None:
-            per_rank = _share(plan.usable_pages, page, ranks)
+            per_rank = _share(plan.usable_pages, ranks)
         else:
-            per_rank = None if cap.usable_pages is None else (cap.usable_pages + held) * page
+            per_rank = None if cap.usable_pages is None else cap.usable_pages + held
         raise hp.HugepageCapacityError(hp.shortfall_message(
             sf, what=what, default_page_bytes=hp.default_page_bytes(root), other_sizes=hp.free_by_size(root),
-            lower_hint=_lower_hint(cfg, per_rank, ranks), fallback_env=envs.HUGEPAGE_FALLBACK.name))
+            lower_hint=_lower_hint(cfg, per_rank, page, ranks), fallback_env=envs.HUGEPAGE_FALLBACK.name))
     if cap.usable_pages is None:
         _warn_once(f"unknown-{page}", "sglang-glm-ext: cannot read the %s hugepage pool (%s); the capacity check is "
                    "skipped and a failing mmap will still stop the launch", hp.size_label(page), "; ".join(cap.unknown))
@@ -313,7 +315,7 @@ def hook_host_memory_budget_bytes(original, *args, **kwargs):
         hp.capacity(SYSFS_ROOT, page).usable_pages
     if usable is None:
         return original(*args, **kwargs)
-    return usable * page // _ranks_on_node(plan)
+    return _share(usable, _ranks_on_node(plan)) * page
 
 
 def hook_alloc_mmap(original, dims, dtype, *args, **kwargs):

@@ -88,3 +88,64 @@ def fake_sysfs(tmp_path):
         return FakeSysfs(str(tmp_path / "root"), **kw)
 
     return make
+
+
+@pytest.fixture
+def tiny_pool():
+    """The smallest SGLang HostKVCache (its own __init__ / _allocate_host_buffer; one buffer via ALLOC_MEMORY_FUNCS).
+
+    init_kv_buffer allocates up to 64 MiB for real; above that it records the size the RAM check let through.
+    """
+    import torch
+
+    import sglang.srt.mem_cache.pool_host.base as base
+    import sglang.srt.mem_cache.pool_host.common as common
+
+    MIB = 1024**2
+
+    class TinyHostPool(base.HostKVCache):
+        layer_num = target_layer_num = 1
+        allocated = None
+
+        def __init__(self, host_size_gb, bytes_per_token=4096):
+            super().__init__(dtype=torch.uint8, device_capacity_tokens=64, size_per_token=bytes_per_token,
+                             start_layer=0, end_layer=1, host_to_device_ratio=2.0, host_size=host_size_gb,
+                             page_size=64, layout="layer_first", pin_memory=False, device="cpu")
+
+        def init_kv_buffer(self):
+            nbytes = self.size * self.size_per_token
+            if nbytes > 64 * MIB:  # the RAM check passed; stop before allocating a pool this machine cannot hold
+                TinyHostPool.allocated = nbytes
+                return None
+            return common.ALLOC_MEMORY_FUNCS["cpu"]((nbytes,), dtype=torch.uint8, device="cpu", pin_memory=False,
+                                                    allocator=self.allocator)
+
+        def clear(self):
+            pass
+
+        get_size_per_token = load_to_device_per_layer = backup_from_device_all_layer = lambda *a, **k: None
+        get_data_page = get_dummy_flat_data_page = set_from_flat_data_page = lambda *a, **k: None
+
+    TinyHostPool.allocated = None
+    return TinyHostPool
+
+
+@pytest.fixture
+def hugepage_plugin(monkeypatch):
+    """The plugin's hugepage patches applied to the installed SGLang; no size selected, no launch plan published."""
+    from sglang.srt.plugins.hook_registry import HookSource
+
+    from sglang_glm_ext.hostmem import hugepages_hooks as hh
+    from sglang_glm_ext.patches import PATCHES
+    from sglang_glm_ext.patching.ledger import State, apply_one
+
+    src = HookSource(plugin_name="glm_ext", dist_name="sglang-glm-ext")
+    for patch in (p for p in PATCHES if p.feature == "hugepages"):
+        status = apply_one(patch, src)
+        assert status.state is State.APPLIED, status.detail
+    monkeypatch.delenv("SGLANG_HUGEPAGE_SIZE", raising=False)
+    monkeypatch.delenv("SGLANG_GLM_EXT_HUGEPAGE_FALLBACK", raising=False)
+    monkeypatch.setattr(hh, "_server_args", lambda: None)  # no launch plan unless a test publishes one
+    hh._reset_for_tests()
+    yield hh
+    hh._reset_for_tests()

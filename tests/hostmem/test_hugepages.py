@@ -209,6 +209,13 @@ def test_ranks_on_node(tp, pp, dp, nnodes, expected):
     assert hp.ranks_on_node(tp, pp, dp, nnodes) == expected
 
 
+@pytest.mark.parametrize("usable,ranks", [(800, 9), (750, 8), (1024, 3), (5, 7), (100000, 64), (7, 1)])
+def test_suggested_hicache_size_really_fits(usable, ranks):
+    per_rank, gb = hp.per_rank_budget(usable, GIB, ranks)
+    assert ranks * hp.launch_need_pages(gb, GIB) <= usable  # the GB figure doctor and the errors suggest fits
+    assert (gb + 1) * 1e9 > per_rank  # and it is the largest whole GB within each rank's whole pages
+
+
 def test_launch_plan_travels_as_a_plain_dict_and_rejects_garbage():
     plan = hp.LaunchPlan(GIB, 8, 800, True)
     assert hp.LaunchPlan.from_dict(plan.to_dict()) == plan

@@ -22,29 +22,16 @@ import sglang.srt.mem_cache.pool_host.common as common
 from sglang.srt.mem_cache.storage.mmap import mmap_allocator as ma
 from sglang_glm_ext.hostmem import hugepages as hp
 from sglang_glm_ext.hostmem import hugepages_hooks as hh
-from sglang_glm_ext.patches import PATCHES
-from sglang_glm_ext.patching.ledger import State, apply_one, resolve_original, source_sha
+from sglang_glm_ext.patching.ledger import resolve_original, source_sha
 
 MIB, GIB = hp.MIB, hp.GIB
 MB2, GB1 = 2048, 1048576
 FALLBACK = "SGLANG_GLM_EXT_HUGEPAGE_FALLBACK"
-HP_PATCHES = [p for p in PATCHES if p.feature == "hugepages"]
 
 
 @pytest.fixture(autouse=True)
-def plugin(monkeypatch):
-    from sglang.srt.plugins.hook_registry import HookSource
-
-    src = HookSource(plugin_name="glm_ext", dist_name="sglang-glm-ext")
-    for patch in HP_PATCHES:
-        status = apply_one(patch, src)
-        assert status.state is State.APPLIED, status.detail
-    monkeypatch.delenv("SGLANG_HUGEPAGE_SIZE", raising=False)
-    monkeypatch.delenv(FALLBACK, raising=False)
-    monkeypatch.setattr(hh, "_server_args", lambda: None)  # no launch plan unless a test publishes one
-    hh._reset_for_tests()
-    yield
-    hh._reset_for_tests()
+def plugin(hugepage_plugin):
+    return hugepage_plugin
 
 
 @pytest.fixture
@@ -257,67 +244,40 @@ def test_budget_query_is_this_ranks_share_of_the_hugepages(monkeypatch, tree, fi
     assert base.host_memory_budget_bytes(auto_size=True) == 100 * GIB
 
 
-class TinyHostPool(base.HostKVCache):
-    """The smallest HostKVCache: SGLang's own __init__ / _allocate_host_buffer, one buffer via ALLOC_MEMORY_FUNCS."""
-
-    layer_num = target_layer_num = 1
-    allocated = None
-
-    def __init__(self, host_size_gb, bytes_per_token=4096):
-        self._bpt = bytes_per_token
-        super().__init__(dtype=torch.uint8, device_capacity_tokens=64, size_per_token=bytes_per_token,
-                         start_layer=0, end_layer=1, host_to_device_ratio=2.0, host_size=host_size_gb,
-                         page_size=64, layout="layer_first", pin_memory=False, device="cpu")
-
-    def init_kv_buffer(self):
-        nbytes = self.size * self.size_per_token
-        if nbytes > 64 * MIB:  # the RAM check passed; stop before allocating a pool this machine cannot hold
-            TinyHostPool.allocated = nbytes
-            return None
-        return common.ALLOC_MEMORY_FUNCS["cpu"]((nbytes,), dtype=torch.uint8, device="cpu", pin_memory=False,
-                                                allocator=self.allocator)
-
-    def clear(self):
-        pass
-
-    get_size_per_token = load_to_device_per_layer = backup_from_device_all_layer = lambda *a, **k: None
-    get_data_page = get_dummy_flat_data_page = set_from_flat_data_page = lambda *a, **k: None
-
-
-def test_oversized_ordinary_pool_is_still_refused_by_sglang(fixed_ram):
+def test_oversized_ordinary_pool_is_still_refused_by_sglang(fixed_ram, tiny_pool):
+    TinyHostPool = tiny_pool
     fixed_ram(30)
-    TinyHostPool.allocated = None
     with pytest.raises(ValueError, match="Not enough host memory available"):
         TinyHostPool(host_size_gb=500)
     assert TinyHostPool.allocated is None
 
 
-def test_hugepage_pool_passes_sglangs_pool_check(monkeypatch, tree, fixed_ram):
+def test_hugepage_pool_passes_sglangs_pool_check(monkeypatch, tree, fixed_ram, tiny_pool):
+    TinyHostPool = tiny_pool
     tree(GB1, free=1024)
     fixed_ram(30)
     monkeypatch.setenv("SGLANG_HUGEPAGE_SIZE", "1GB")
-    TinyHostPool.allocated = None
     TinyHostPool(host_size_gb=500)
     assert TinyHostPool.allocated and TinyHostPool.allocated > 500e9
 
 
-def test_hugepage_pool_shortfall_is_refused_at_sglangs_pool_check(monkeypatch, tree, fixed_ram):
+def test_hugepage_pool_shortfall_is_refused_at_sglangs_pool_check(monkeypatch, tree, fixed_ram, tiny_pool):
+    TinyHostPool = tiny_pool
     tree(GB1, free=100)
     fixed_ram(30)
     monkeypatch.setenv("SGLANG_HUGEPAGE_SIZE", "1GB")
-    TinyHostPool.allocated = None
     with pytest.raises(hp.HugepageCapacityError) as exc:
         TinyHostPool(host_size_gb=500)
     assert TinyHostPool.allocated is None
     assert "HiCache host pool of 465.7 GiB" in str(exc.value) and "466 pages of 1 GB" in str(exc.value)
 
 
-def test_small_hugepage_pool_end_to_end_through_sglang(monkeypatch, tree, fixed_ram, libc):
+def test_small_hugepage_pool_end_to_end_through_sglang(monkeypatch, tree, fixed_ram, libc, tiny_pool):
     tree(free=64)
     fixed_ram(30)
     fake = libc()
     monkeypatch.setenv("SGLANG_HUGEPAGE_SIZE", "2MB")
-    pool = TinyHostPool(host_size_gb=0.01)  # 10 MB -> 2496 + 64 tokens of 4 KiB -> 5 pages
+    pool = tiny_pool(host_size_gb=0.01)  # 10 MB -> 2496 + 64 tokens of 4 KiB -> 5 pages
     assert pool.kv_buffer is not None and len(fake.maps) == 1
     assert fake.maps[0][0] == hp.pages_for(pool.size * 4096, 2 * MIB) * 2 * MIB
 
@@ -361,7 +321,8 @@ def test_every_rank_refuses_up_front_when_the_node_cannot_fit(monkeypatch, tree)
         msg = str(exc.value)
         assert "the 8 ranks on this node together need 800.0 GiB as 800 pages" in msg
         assert "750 pages (750.0 GiB) are free when the launch started" in msg
-        assert "now 107 GB per rank" in msg and "take at most 93.8 GiB" in msg
+        # 750 // 8 = 93 pages per rank; 93 GiB = 99.86e9 bytes, so --hicache-size 99 keeps 8 x 93 pages
+        assert "now 107 GB per rank" in msg and "take at most 93.0 GiB in all (--hicache-size 99 at most)" in msg
     assert fs.read("sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages") == "750"
 
 
