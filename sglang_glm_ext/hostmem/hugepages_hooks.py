@@ -311,11 +311,21 @@ def hook_host_memory_budget_bytes(original, *args, **kwargs):
     # A budget query (auto-sizing, pools sized from the budget): this rank's share, as SGLang shares RAM. The
     # launch figure is taken before any rank mapped a page, so the share does not shrink as siblings allocate.
     plan = _launch_plan(page)
-    usable = plan.usable_pages if plan is not None and plan.usable_pages is not None else \
-        hp.capacity(SYSFS_ROOT, page).usable_pages
-    if usable is None:
+    cap = hp.capacity(SYSFS_ROOT, page)
+    if plan is not None and plan.usable_pages is not None:
+        cap = hp.Capacity(page, cap.pool, cap.policy, cap.cgroup, plan.usable_pages,
+                          f"the {hp.size_label(page)} pages usable at launch", "pool")
+    if cap.usable_pages is None:
         return original(*args, **kwargs)
-    return _share(usable, _ranks_on_node(plan)) * page
+    ranks = _ranks_on_node(plan)
+    share = _share(cap.usable_pages, ranks)
+    if share == 0:  # else SGLang's auto-sizing would blame "the 10 GiB reserve" of RAM
+        sf = hp.check(page, cap, ranks=ranks, per_rank_pages=1)
+        raise hp.HugepageCapacityError(hp.shortfall_message(
+            sf, what="auto-sized HiCache host pools", default_page_bytes=hp.default_page_bytes(SYSFS_ROOT),
+            other_sizes=hp.free_by_size(SYSFS_ROOT), lower_hint="unset SGLANG_HUGEPAGE_SIZE",
+            fallback_env=envs.HUGEPAGE_FALLBACK.name))
+    return share * page
 
 
 def hook_alloc_mmap(original, dims, dtype, *args, **kwargs):

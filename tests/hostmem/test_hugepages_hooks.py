@@ -244,6 +244,15 @@ def test_budget_query_is_this_ranks_share_of_the_hugepages(monkeypatch, tree, fi
     assert base.host_memory_budget_bytes(auto_size=True) == 100 * GIB
 
 
+def test_budget_query_with_no_hugepages_names_them_not_ram(monkeypatch, tree, fixed_ram):
+    tree(GB1, free=3)
+    fixed_ram(30)
+    monkeypatch.setenv("SGLANG_HUGEPAGE_SIZE", "1GB")
+    publish_plan(monkeypatch, hp.LaunchPlan(GIB, 8, 3, True))
+    with pytest.raises(hp.HugepageCapacityError, match="auto-sized HiCache host pools: the 8 ranks"):
+        base.host_memory_budget_bytes(auto_size=True)
+
+
 def test_oversized_ordinary_pool_is_still_refused_by_sglang(fixed_ram, tiny_pool):
     TinyHostPool = tiny_pool
     fixed_ram(30)
