@@ -147,7 +147,8 @@ def plan_launch(server_args) -> dict | None:
         sf = hp.check(int(hicache_size * 1e9), cap, ranks=ranks, per_rank_pages=per_rank)
         if sf is not None:
             msg = hp.shortfall_message(
-                sf, what=f"the HiCache host pools (--hicache-size {hicache_size} GB per rank, at least)",
+                sf, what=(f"the HiCache host pools (--hicache-size {hicache_size} GB per rank, at least)"
+                          if hicache_size > 0 else "the HiCache host pools"),
                 default_page_bytes=hp.default_page_bytes(root), other_sizes=hp.free_by_size(root),
                 lower_hint=_lower_hint(cfg, _share(cap.usable_pages, ranks), page, ranks),
                 fallback_env=envs.HUGEPAGE_FALLBACK.name)
