@@ -1,6 +1,8 @@
 """Hooks that make SGLang 0.5.23's hugepage-backed host pools check capacity first and never fall back silently.
 
-Declared in sglang_glm_ext/patches.py (`# --- hugepages ---`); the decisions live in `hugepages` (pure). Each hook
+The `hugepages` feature's hooks (declared in hostmem/patches.py HUGEPAGES_PATCHES; the feature and its env var in
+hostmem/feature.py HUGEPAGES); the decisions live in `hugepages` (pure). Kept apart from hooks.py (host_register's
+ceiling hook): one hooks module per feature row, and this one holds per-process state. Each hook
 passes straight through to SGLang when SGLANG_HUGEPAGE_SIZE is unset, so ordinary-page pools run SGLang's code
 unchanged. Every hook runs at startup (launch, host-pool construction), never on the data path.
 
@@ -23,8 +25,8 @@ import os
 import threading
 import weakref
 
-from .. import envs
 from . import hugepages as hp
+from .feature import HUGEPAGE_FALLBACK
 
 logger = logging.getLogger("sglang_glm_ext")
 
@@ -43,7 +45,7 @@ _warned: set[str] = set()
 
 def fallback_allowed() -> bool:
     try:
-        return envs.HUGEPAGE_FALLBACK.get_bool()
+        return HUGEPAGE_FALLBACK.get_bool()
     except ValueError as exc:
         raise hp.HugepageConfigError(str(exc)) from None
 
@@ -65,7 +67,7 @@ def selected_page_bytes() -> int | None:
 
 
 def _fallback_hint() -> str:
-    return f"{envs.HUGEPAGE_FALLBACK.name}=1 keeps SGLang's fallback to ordinary pages"
+    return f"{HUGEPAGE_FALLBACK.name}=1 keeps SGLang's fallback to ordinary pages"
 
 
 def _warn_once(key: str, msg: str, *args) -> None:
@@ -151,7 +153,7 @@ def plan_launch(server_args) -> dict | None:
                           if hicache_size > 0 else "the HiCache host pools"),
                 default_page_bytes=hp.default_page_bytes(root), other_sizes=hp.free_by_size(root),
                 lower_hint=_lower_hint(cfg, _share(cap.usable_pages, ranks), page, ranks),
-                fallback_env=envs.HUGEPAGE_FALLBACK.name)
+                fallback_env=HUGEPAGE_FALLBACK.name)
             if fallback_allowed():
                 _warn_once("launch-capacity", "%s", msg)
                 return None
@@ -266,7 +268,7 @@ def rank_check(need_bytes: int, page: int, *, what: str, pages: int | None = Non
             per_rank = None if cap.usable_pages is None else cap.usable_pages + held
         raise hp.HugepageCapacityError(hp.shortfall_message(
             sf, what=what, default_page_bytes=hp.default_page_bytes(root), other_sizes=hp.free_by_size(root),
-            lower_hint=_lower_hint(cfg, per_rank, page, ranks), fallback_env=envs.HUGEPAGE_FALLBACK.name))
+            lower_hint=_lower_hint(cfg, per_rank, page, ranks), fallback_env=HUGEPAGE_FALLBACK.name))
     if cap.usable_pages is None:
         _warn_once(f"unknown-{page}", "sglang-glm-ext: cannot read the %s hugepage pool (%s); the capacity check is "
                    "skipped and a failing mmap will still stop the launch", hp.size_label(page), "; ".join(cap.unknown))
@@ -325,7 +327,7 @@ def hook_host_memory_budget_bytes(original, *args, **kwargs):
         raise hp.HugepageCapacityError(hp.shortfall_message(
             sf, what="auto-sized HiCache host pools", default_page_bytes=hp.default_page_bytes(SYSFS_ROOT),
             other_sizes=hp.free_by_size(SYSFS_ROOT), lower_hint="unset SGLANG_HUGEPAGE_SIZE",
-            fallback_env=envs.HUGEPAGE_FALLBACK.name))
+            fallback_env=HUGEPAGE_FALLBACK.name))
     return share * page
 
 

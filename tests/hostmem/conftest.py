@@ -136,11 +136,15 @@ def hugepage_plugin(monkeypatch):
     from sglang.srt.plugins.hook_registry import HookSource
 
     from sglang_glm_ext.hostmem import hugepages_hooks as hh
-    from sglang_glm_ext.patches import PATCHES
+    from sglang_glm_ext.hostmem.feature import HUGEPAGES
     from sglang_glm_ext.patching.ledger import State, apply_one
+    from sglang_glm_ext.plugin.registry import PATCHES
 
     src = HookSource(plugin_name="glm_ext", dist_name="sglang-glm-ext")
-    for patch in (p for p in PATCHES if p.feature == "hugepages"):
+    patches = [p for p in PATCHES if p.feature is HUGEPAGES]  # what the registry hands the ledger
+    assert [p.id for p in patches] == ["hugepages.launch_check", "hugepages.ram_check", "hugepages.alloc_check",
+                                       "hugepages.no_fallback"]
+    for patch in patches:
         status = apply_one(patch, src)
         assert status.state is State.APPLIED, status.detail
     monkeypatch.delenv("SGLANG_HUGEPAGE_SIZE", raising=False)
