@@ -1,17 +1,27 @@
 """Host KV pools: the cudaHostRegister ceiling (seed 297-321) and hugepage-backed pools (seed 322-338).
 
+One folder, two feature rows (`feature.py`: `FEATURE` = host_register, `HUGEPAGES` = hugepages). Both guard how
+SGLang's HiCache host pool gets its memory (pool_host/, mmap_allocator), share the doctor part that reports the
+node's host memory, and are always on, so their code lives together. They stay two records because users see
+them apart: each has its own env var and its own patches, and a feature is "available" only when all of its
+patches landed, so a hugepage patch that fails after an SGLang upgrade must not mark the ceiling check
+unavailable (nor the reverse). `host_register` keeps its name; `hugepages` is the name the hugepage work shipped
+with (its patches are `hugepages.*`).
+
 Registration: a single cudaHostRegister over more than ~1 TB fails on B300 (512 GiB works, 1024 GiB does not),
 and a memcpy whose host range straddles two registrations fails too, so a pool may only be split where no transfer
 crosses. SGLang 0.5.23 already registers page-first host pools in page-aligned chunks; a layer-first pool (and any
 pool whose layout gives no copy granularity) is still registered in one call. `plan` decides, torch-free, how a
-buffer is registered or why it cannot be; `hook` applies that decision to SGLang's `_cuda_host_register`.
+buffer is registered or why it cannot be; `hooks` applies that decision to SGLang's `_cuda_host_register`.
 
 Hugepages: with SGLANG_HUGEPAGE_SIZE=2MB|1GB, 0.5.23 maps the host pool with MAP_HUGETLB but falls back to ordinary
 pages, only logging, on an unknown value or a failed mapping, and its RAM check counts MemAvailable, which excludes
 reserved hugepages. `hugepages` (pure, over a sysfs root) says what a mapping may take: free - reserved of the
 size, the free pages of the NUMA nodes a bind policy or cpuset allows, a hugetlb cgroup limit.
-`hugepages_hooks` checks before the mapping and turns every fallback into a startup error
-(SGLANG_GLM_EXT_HUGEPAGE_FALLBACK=1 keeps upstream's); `hugepages_doctor` is doctor's part.
+`hugepages_hooks` (the hugepages row's hooks; a second hooks module rather than a longer `hooks.py`, since it
+carries per-process page accounting the stateless ceiling hook has no part in) checks before the mapping and
+turns every fallback into a startup error (SGLANG_GLM_EXT_HUGEPAGE_FALLBACK=1 keeps upstream's); `doctor` reports
+every size per NUMA node and whether a `--hicache-size` launch fits.
 
 Several ranks per node (0.5.23 binds each scheduler to its GPU's NUMA node with `numactl --membind` by default,
 SGLANG_NUMA_BIND_V2, so a rank's capacity is its node's free pages). Two checks, neither of which can be fooled by
