@@ -142,6 +142,9 @@ class DoctorInput:
     values: Mapping[str, Any]  # the plugin flag values of the launch being checked (env vars folded in)
     gpus: tuple[Mapping[str, Any], ...]  # visible CUDA GPUs: {index, name, sm}
     versions: Mapping[str, str | None]  # python, sglang, torch, deep_gemm, flashinfer
+    # SGLang-side values of the launch being checked, given to doctor on its command line (not plugin flags):
+    # "hicache_size" (GB per rank, --hicache-size), "ranks_per_node" (--ranks-per-node). Absent when not given.
+    launch: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

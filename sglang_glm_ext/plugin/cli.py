@@ -17,6 +17,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stable JSON output (schema in sglang_glm_ext/plugin/doctor.py)")
     doc.add_argument("--brief", action="store_true", help="one line")
     flags.add_arguments(doc)  # `doctor --enable-cp-l3 --cp-l3-config x.toml` checks what that launch would need
+    # SGLang-side values of the launch (not plugin flags): they reach the doctor parts as DoctorInput.launch.
+    launch = doc.add_argument_group("launch", "SGLang settings of the launch to check: they size a "
+                                    "hugepage-backed HiCache launch (SGLANG_HUGEPAGE_SIZE)")
+    launch.add_argument("--hicache-size", type=_positive_int, default=None, metavar="GB",
+                        help="the launch's --hicache-size (GB per rank): whether the node's hugepages hold it")
+    launch.add_argument("--ranks-per-node", type=_positive_int, default=None, metavar="N",
+                        help="scheduler ranks on this node (tp*pp*dp / nnodes); default: visible GPUs, else 1")
 
     sub.add_parser("flags", help="list the plugin's CLI flags and environment variables")
 
@@ -30,6 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     if add_l3_subcommands is not None:
         add_l3_subcommands(sub)
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

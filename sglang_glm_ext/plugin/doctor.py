@@ -7,7 +7,13 @@ JSON schema (stable; bump SCHEMA on any breaking change, documented in README "d
   patches: [{id, target, feature, tier, state, detail}],
   features: [{name, title, active, available, why_unavailable}],
   hardware: {cuda_available, gpus: [{index, name, sm}], fp4_megamoe: {possible, why},
-             hugepages: {...}, l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}]}
+             hugepages: {total, free, size_kb, mounts, default_size_kb, sizes: [{size_kb, total, free, resv,
+                         surplus, overcommit, usable, nodes: [{node, total, free, surplus}]}],
+                         selected: {env, size_kb, error}, cgroup_limits: [{size_kb, path, limit_bytes,
+                         usage_bytes}], fit: null | {hicache_size_gb, ranks_per_node, ranks_source, size_kb,
+                         need_pages, usable_pages, fits, limited_by, message}, unknown: [str]},
+             l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}]}
+  (hugepages: null = the kernel did not say; `unknown` names why.)
 
 The GPU listing is plugin-wide (here); every other "hardware" key, and the problems that go with it, is a
 folder's part (`<folder>/doctor.py` report(), listed in plugin/registry.py DOCTOR_PARTS).
@@ -22,6 +28,7 @@ import sys
 from typing import Any
 
 from ..declare import DoctorInput
+from ..hostmem import doctor as hostmem_doctor
 from ..patching.ledger import State
 from . import __version__, compat, features, flags
 from . import register as plugin
@@ -67,7 +74,8 @@ def gpus() -> tuple[bool, list[dict[str, Any]]]:
     return True, out
 
 
-def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
+def collect(flag_values: dict[str, Any] | None = None, launch: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report; `launch`: SGLang-side values of the launch being checked (DoctorInput.launch)."""
     loaded_via = _load_plugin()
     status = compat.version_status()
     ledger = plugin.ledger_state()
@@ -106,7 +114,8 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
                 "deep_gemm": compat.installed_version("deep_gemm") or compat.installed_version("deep-gemm"),
                 "flashinfer": compat.installed_version("flashinfer-python") or compat.installed_version("flashinfer")}
     hardware: dict[str, Any] = {"cuda_available": cuda, "gpus": gpu_list}
-    probe = DoctorInput(values=values, gpus=tuple(gpu_list), versions=versions)
+    probe = DoctorInput(values=values, gpus=tuple(gpu_list), versions=versions,
+                        launch={k: v for k, v in (launch or {}).items() if v is not None})
     for part in DOCTOR_PARTS:  # each folder's part: its hardware keys and its problems
         got = part(probe)
         hardware.update(got.hardware)
@@ -147,9 +156,7 @@ def render_text(report: dict[str, Any]) -> str:
     gpu_s = ", ".join(f"{g['name']} (SM{g['sm']})" for g in h["gpus"]) or "none"
     lines.append(f"hardware: GPUs: {gpu_s}; FP4 MegaMoE: "
                  f"{'possible' if h['fp4_megamoe']['possible'] else h['fp4_megamoe']['why']}")
-    hp = h["hugepages"]
-    lines.append(f"  hugepages: {hp['free']}/{hp['total']} free x {hp['size_kb']} kB, hugetlbfs mounts: "
-                 f"{hp['mounts'] or 'none'}")
+    lines.extend(hostmem_doctor.render_lines(h["hugepages"]))
     for row in h["l3_paths"]:
         lines.append(f"  L3 path {row['path']}: o_direct={row.get('o_direct')} free={row.get('free_bytes')} "
                      f"budget={row.get('budget_bytes')}")
@@ -159,7 +166,8 @@ def render_text(report: dict[str, Any]) -> str:
 
 def main(args) -> int:
     values = flags.values_from_namespace(args)
-    report = collect(values)
+    report = collect(values, launch={"hicache_size": getattr(args, "hicache_size", None),
+                                     "ranks_per_node": getattr(args, "ranks_per_node", None)})
     if args.json:
         json.dump(report, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")

@@ -1,4 +1,5 @@
-"""The feature registry: one row per feature folder. Everything plugin-wide is derived from these rows.
+"""The feature registry: one row per feature (a folder may declare several, as hostmem/ does). Everything
+plugin-wide is derived from these rows.
 
 Row order is the order users see: doctor's feature list, the flag/env table, and the ledger. PATCHES (the
 ledger) is the rows' patch declarations concatenated in that order, so patch ids, the generated
@@ -24,6 +25,7 @@ ROWS: tuple[tuple[Feature, tuple[Patch, ...]], ...] = (
     (l3.FEATURE, l3_patches.PATCHES),
     (cuda_graph_mem.FEATURE, cuda_graph_mem_patches.PATCHES),
     (hostmem.FEATURE, hostmem_patches.PATCHES),
+    (hostmem.HUGEPAGES, hostmem_patches.HUGEPAGES_PATCHES),
 )
 
 # One entry per folder that adds to doctor's report (GPU listing is plugin-wide: plugin/doctor.py). megamoe has
