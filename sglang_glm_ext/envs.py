@@ -54,4 +54,18 @@ HOST_REGISTER_MAX_GB = EnvVar(
     "Largest single cudaHostRegister the plugin allows (GiB); B300 fails at 1024 GiB, 512 GiB works.",
 )
 
-ENV_VARS: tuple[EnvVar, ...] = (DISABLE, FORCE_UNSUPPORTED, LOG_CG_BUFFERS, CP_L3_COLD_START, HOST_REGISTER_MAX_GB)
+# --- megamoe: the fork's switches, retired (setting one refuses the launch, naming the replacement) ---
+RETIRED_USE_DEEPGEMM_MEGA_MOE = EnvVar(
+    "SGLANG_OPT_USE_DEEPGEMM_MEGA_MOE", "", "megamoe",
+    "RETIRED (fork-era switch, gone from SGLang): use `--moe-a2a-backend megamoe`. Set, it refuses the launch.",
+)
+RETIRED_MEGA_MOE_USE_FP4_ACTS = EnvVar(
+    "SGLANG_OPT_DEEPGEMM_MEGA_MOE_USE_FP4_ACTS", "", "megamoe",
+    "RETIRED: the expert quantisation picks the MegaMoE MMA type (NVFP4 -> nvfp4xnvfp4; MXFP4 -> fp8xfp4, or "
+    "mxf4xmxf4 with `--enable-w4a4-mxfp4-megamoe`). Set, it refuses the launch. The plugin never sets "
+    "DG_USE_FP4_ACTS (deep_gemm >= 0.2.0 refuses to import with it).",
+)
+# --- end megamoe ---
+
+ENV_VARS: tuple[EnvVar, ...] = (DISABLE, FORCE_UNSUPPORTED, LOG_CG_BUFFERS, CP_L3_COLD_START, HOST_REGISTER_MAX_GB,
+                                RETIRED_USE_DEEPGEMM_MEGA_MOE, RETIRED_MEGA_MOE_USE_FP4_ACTS)

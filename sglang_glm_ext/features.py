@@ -38,6 +38,10 @@ FEATURES: tuple[Feature, ...] = (
             flags=("log_cuda_graph_buffers",), env=("SGLANG_LOG_CG_BUFFERS",)),
     Feature("host_register", "cudaHostRegister ceiling check for host KV pools", "297-321",
             env=("SGLANG_GLM_EXT_HOST_REGISTER_MAX_GB",), always_on=True),
+    # --- megamoe: switched on by SGLang's own --moe-a2a-backend megamoe, not by a plugin flag ---
+    Feature("megamoe", "DeepGEMM MegaMoE for GLM MoE layers (on with SGLang's --moe-a2a-backend megamoe)",
+            "10-19, 30", env=("SGLANG_OPT_USE_DEEPGEMM_MEGA_MOE", "SGLANG_OPT_DEEPGEMM_MEGA_MOE_USE_FP4_ACTS")),
+    # --- end megamoe ---
 )
 FEATURE_BY_NAME = {f.name: f for f in FEATURES}
 
@@ -70,11 +74,15 @@ def is_active(name: str, server_args=None) -> bool:
     """Whether the user switched `name` on for this launch (flags or env vars)."""
     from . import flags
 
+    if name == "megamoe":  # --- megamoe ---
+        return megamoe_requested(server_args)
     return active_in(name, flags.get(server_args))
 
 
 def active_in(name: str, values: dict) -> bool:
     """Whether `name` is on given resolved flag values (flags.get() folds the env vars in)."""
+    if name == "megamoe":  # --- megamoe: SGLang's own switch; present only where values carry server args ---
+        return _megamoe_switch(values.get("moe_a2a_backend"), values.get("moe_runner_backend"))
     if name == "l3":
         return bool(values.get("enable_cp_l3"))
     if name == "cg_mem":
@@ -82,3 +90,30 @@ def active_in(name: str, values: dict) -> bool:
     if FEATURE_BY_NAME[name].always_on:
         return True
     raise KeyError(name)
+
+
+# --- megamoe ---
+def _megamoe_switch(a2a, runner) -> bool:
+    return a2a == "megamoe" or runner == "megamoe"  # --moe-runner-backend megamoe is SGLang's alias
+
+
+def megamoe_requested(server_args=None) -> bool:
+    """Whether this launch asked for MegaMoE: SGLang's `--moe-a2a-backend megamoe` (or its alias), read from the
+    server arguments (the published ones when none are given); False where there are none (doctor, tools)."""
+    if server_args is None:
+        try:
+            from sglang.srt.runtime_context import get_server_args
+
+            server_args = get_server_args()
+        except Exception:
+            return False
+    return _megamoe_switch(getattr(server_args, "moe_a2a_backend", None),
+                           getattr(server_args, "moe_runner_backend", None))
+
+
+def require_for_server_args(server_args) -> None:
+    """A launch that switched megamoe on with SGLang's own flag refuses to start when the feature's patches did
+    not land (the plugin flags' check cannot see SGLang's flags)."""
+    if megamoe_requested(server_args):
+        require_available("megamoe")
+# --- end megamoe ---

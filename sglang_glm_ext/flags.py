@@ -159,6 +159,7 @@ def hook_from_cli_args(server_args, cls, ns, *args, **kwargs):
     _guard_version(values_from_namespace(ns))
     try:
         attach(server_args, validate(values_from_namespace(ns)))
+        _require_server_args_features(server_args)  # --- megamoe ---
     except PluginFlagError as exc:
         raise SystemExit(f"sglang-glm-ext: {exc}") from None
     return server_args
@@ -170,12 +171,14 @@ def hook_engine_init(original: Callable, self, *args, **kwargs):
     values = validate(ours)  # Engine users get a ValueError subclass, not SystemExit
     if "server_args" in kwargs:
         attach(kwargs["server_args"], values)
+        _require_server_args_features(kwargs["server_args"])  # --- megamoe ---
         return original(self, *args, **kwargs)
     cls = self.server_args_class
 
     def build(**kw):
         sa = cls(**kw)
         attach(sa, values)
+        _require_server_args_features(sa)  # --- megamoe ---
         return sa
 
     # An instance attribute shadows the class one for this construction only; restore whatever was there.
@@ -197,3 +200,13 @@ def _guard_version(values: dict[str, Any]) -> None:
     status = compat.version_status()
     if asked and not status.patches_allowed:
         raise compat.UnsupportedSGLangError(status.unsupported_message(" ".join(asked)))
+
+
+# --- megamoe ---
+def _require_server_args_features(server_args: Any) -> None:
+    """Features switched on by SGLang's own flags (megamoe: --moe-a2a-backend megamoe) refuse a launch whose
+    patches did not land, like the plugin's own flags do in validate()."""
+    from . import features
+
+    features.require_for_server_args(server_args)
+# --- end megamoe ---

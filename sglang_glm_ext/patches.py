@@ -111,4 +111,89 @@ PATCHES: tuple[Patch, ...] = (
         source_sha="f13fb8ab7ebf962a",
     ),
     # --- end host_register ---
+    # --- megamoe patches (seed 10-19, 30; owner: sglang_glm_ext/megamoe; on with --moe-a2a-backend megamoe) ---
+    Patch(
+        id="megamoe.glm4_shared_replicated",
+        target="sglang.srt.models.glm4_moe.Glm4MoeSparseMoeBlock.__init__",
+        hook_type="after",
+        hook="sglang_glm_ext.megamoe.hooks:hook_glm4_init",
+        feature="megamoe",
+        tier=Tier.FEATURE,
+        reason="Under megamoe rebuild GLM-4's separate shared expert replicated (parallel_group='replicated'), as "
+        "DeepSeek-V2 does (deepseek_v2.py:874-896): 0.5.23 leaves it TP-sharded (megamoe is missing from "
+        "glm4_moe.py:481-490), and MegaMoE's per-rank rows carry no sum that would complete its shards.",
+        seed_lines="10-19 (shared expert TP1)",
+        sglang_versions=V0523,
+        remove_when="Glm4MoeSparseMoeBlock builds its shared expert replicated under megamoe.",
+        signature=("self", "config", "layer_id", "quant_config", "prefix", "alt_stream"),
+        source_sha="4ebd00f6e1632b23",
+    ),
+    Patch(
+        id="megamoe.glm4_forward",
+        target="sglang.srt.models.glm4_moe.Glm4MoeSparseMoeBlock.forward",
+        hook_type="around",
+        hook="sglang_glm_ext.megamoe.hooks:hook_glm4_forward",
+        feature="megamoe",
+        tier=Tier.FEATURE,
+        reason="GLM-4.x MegaMoE fast path ahead of SGLang's DeepEP/normal selection (0.5.23 has none): gate, TopK "
+        "(bypassed routing materialised), run_mega_routed_experts, + the replicated shared expert without an "
+        "all-reduce. Under megamoe the stock paths are wrong for tp > 1 (scattered rows, no output sum) and, on "
+        "SM90 FP8, run on interleaved w13; a batch the kernel cannot take raises on every rank instead.",
+        seed_lines="10-19",
+        sglang_versions=V0523,
+        remove_when="Glm4MoeSparseMoeBlock.forward has a MegaMoE branch and no silent stock fallback under megamoe.",
+        signature=("self", "hidden_states", "forward_batch"),
+        source_sha="979b93efa0ca3743",
+    ),
+    Patch(
+        id="megamoe.dsv2_no_fallback",
+        target="sglang.srt.layers.moe.mega_moe.should_use_mega_moe",
+        hook_type="around",
+        hook="sglang_glm_ext.megamoe.hooks:hook_should_use_mega_moe",
+        feature="megamoe",
+        tier=Tier.FEATURE,
+        reason="GLM-5.x runs DeepseekV2MoE, whose miss path (forward_normal) under megamoe computes each token "
+        "with only its rank's experts and adds the replicated shared expert on TP rank 0 only "
+        "(adds_replicated_output_to_partial: megamoe is not 'complete'): for a GLM model's layer (marked at "
+        "load) a 'no' raises on every rank instead of returning wrong tokens.",
+        seed_lines="10-19 (no silent miss, GLM-5.x)",
+        sglang_versions=V0523,
+        remove_when="SGLang's megamoe miss path gathers tokens (or refuses) instead of computing per-rank partials.",
+        signature=("moe", "hidden_states"),
+        source_sha="6d9a288654a3fdb7",
+    ),
+    Patch(
+        id="megamoe.launch_check",
+        target="sglang.srt.arg_groups.mega_moe_hook.validate_mega_moe_token_budget_for_model",
+        hook_type="around",
+        hook="sglang_glm_ext.megamoe.hooks:hook_token_budget",
+        feature="megamoe",
+        tier=Tier.FEATURE,
+        reason="SGLang's MegaMoE token-budget check covers only MEGA_MOE_NO_FALLBACK_ARCHS and NVFP4; GLM models "
+        "get it too, plus the eager-decode bound it leaves out, and clear refusals of what would miss the kernel "
+        "(no MegaMoE builder for the expert format on this SM: bf16, excluded layers, FP8 on SM100, NVFP4/MXFP4 "
+        "on SM90; Glm4MoeLite; a deep_gemm without the kernel) and of the retired fork env switches.",
+        seed_lines="10-19, 30",
+        sglang_versions=V0523,
+        remove_when="SGLang validates the MegaMoE token budget and expert formats for every megamoe launch.",
+        signature=("server_args",),
+        source_sha="115d7163f1ec830c",
+    ),
+    Patch(
+        id="megamoe.load_check",
+        target="sglang.srt.model_executor.model_runner.ModelRunner.load_model",
+        hook_type="after",
+        hook="sglang_glm_ext.megamoe.hooks:hook_load_check",
+        feature="megamoe",
+        tier=Tier.FEATURE,
+        reason="After weights are post-processed, every MoE layer of a GLM model under megamoe must have MegaMoE "
+        "weights this GPU runs (is_mega_moe_experts_ready) and every GLM-4 block must plan; otherwise the launch "
+        "stops naming the layers, before serving. Also marks GLM-5.x's DeepseekV2MoE layers for the miss guard.",
+        seed_lines="10-19",
+        sglang_versions=V0523,
+        remove_when="SGLang refuses megamoe when a MoE layer has no MegaMoE weights.",
+        signature=("self",),
+        source_sha="bf6781e45efd63b5",
+    ),
+    # --- end megamoe ---
 )
