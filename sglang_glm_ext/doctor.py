@@ -7,7 +7,9 @@ JSON schema (stable; bump SCHEMA on any breaking change, documented in README "d
   patches: [{id, target, feature, tier, state, detail}],
   features: [{name, title, active, available, why_unavailable}],
   hardware: {cuda_available, gpus: [{index, name, sm}], fp4_megamoe: {possible, why},
-             hugepages: {...}, l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}]}
+             hugepages: {...}, l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}],
+             megamoe: {fp8_sm90: {possible, why}, fp4_sm100: {possible, why},
+                       deep_gemm: {version, imports, error}, retired_env: [str], dg_use_fp4_acts_set: bool}}
 """
 
 from __future__ import annotations
@@ -158,6 +160,12 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
     cuda, gpu_list = gpus()
     l3_rows, l3_problems = l3_paths(values.get("cp_l3_config"))
     problems.extend(l3_problems)
+    # --- megamoe: what this machine's GPUs and deep_gemm can run (megamoe/hardware.py) ---
+    from .megamoe.hardware import doctor_part, doctor_problems
+
+    megamoe_hw = doctor_part(gpu_list)
+    problems.extend(doctor_problems(megamoe_hw))
+    # --- end megamoe ---
     report = {
         "schema": SCHEMA,
         "ok": not problems,
@@ -172,7 +180,7 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
         "patches": patches,
         "features": feats,
         "hardware": {"cuda_available": cuda, "gpus": gpu_list, "fp4_megamoe": fp4_megamoe(gpu_list),
-                     "hugepages": hugepages(), "l3_paths": l3_rows},
+                     "hugepages": hugepages(), "l3_paths": l3_rows, "megamoe": megamoe_hw},
     }
     return report
 
@@ -197,6 +205,11 @@ def render_text(report: dict[str, Any]) -> str:
     gpu_s = ", ".join(f"{g['name']} (SM{g['sm']})" for g in h["gpus"]) or "none"
     lines.append(f"hardware: GPUs: {gpu_s}; FP4 MegaMoE: "
                  f"{'possible' if h['fp4_megamoe']['possible'] else h['fp4_megamoe']['why']}")
+    mm = h["megamoe"]  # --- megamoe ---
+    lines.append("  MegaMoE: " + "; ".join(
+        f"{k} {'possible' if mm[k]['possible'] else 'no: ' + mm[k]['why']}" for k in ("fp8_sm90", "fp4_sm100"))
+        + f"; deep_gemm {mm['deep_gemm']['version'] or 'absent'}"
+        + ("" if mm["deep_gemm"]["imports"] or not mm["deep_gemm"]["error"] else f" ({mm['deep_gemm']['error']})"))
     hp = h["hugepages"]
     lines.append(f"  hugepages: {hp['free']}/{hp['total']} free x {hp['size_kb']} kB, hugetlbfs mounts: "
                  f"{hp['mounts'] or 'none'}")
