@@ -6,7 +6,8 @@ JSON schema (stable; bump SCHEMA on any breaking change, documented in README "d
   versions: {python, torch, deep_gemm, flashinfer, sglang},
   patches: [{id, target, feature, tier, state, detail}],
   features: [{name, title, active, available, why_unavailable}],
-  hardware: {cuda_available, gpus: [{index, name, sm}], fp4_megamoe: {possible, why},
+  hardware: {cuda_available, gpus: [{index, name, sm}],
+             fp4_megamoe: {possible, why, deep_gemm, trtllm_layout: {supported, why}},
              hugepages: {...}, l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}]}
 """
 
@@ -93,9 +94,24 @@ def fp4_megamoe(gpu_list: list[dict[str, Any]]) -> dict[str, Any]:
     if not all(g["sm"] // 10 == 10 for g in gpu_list):
         sms = sorted({g["sm"] for g in gpu_list})
         return {"possible": False, "why": f"FP4 MegaMoE kernels are SM100-only; this node has SM {sms}"}
-    if _version("deep_gemm") is None and _version("deep-gemm") is None:
+    if _deep_gemm_version() is None:
         return {"possible": False, "why": "deep_gemm is not installed"}
     return {"possible": True, "why": ""}
+
+
+# --- megamoe fp4 ---
+def _deep_gemm_version() -> str | None:
+    # sglang pins the `sgl-deep-gemm` distribution; its import name is deep_gemm.
+    from .megamoe.fp4_doctor import deep_gemm_version
+
+    return deep_gemm_version()
+
+
+def _fp4_megamoe_part(gpu_list: list[dict[str, Any]]) -> dict[str, Any]:
+    from .megamoe.fp4_doctor import trtllm_layout
+
+    return {**fp4_megamoe(gpu_list), "deep_gemm": _deep_gemm_version(), "trtllm_layout": trtllm_layout()}
+# --- end megamoe fp4 ---
 
 
 def l3_paths(config_path: str | None) -> tuple[list[dict[str, Any]], list[str]]:
@@ -167,11 +183,11 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
         "sglang": {"installed": status.installed, "supported": status.supported,
                    "supported_versions": list(compat.SUPPORTED_SGLANG), "forced": status.forced},
         "versions": {"python": platform.python_version(), "sglang": status.installed, "torch": _version("torch"),
-                     "deep_gemm": _version("deep_gemm") or _version("deep-gemm"),
+                     "deep_gemm": _deep_gemm_version(),
                      "flashinfer": _version("flashinfer-python") or _version("flashinfer")},
         "patches": patches,
         "features": feats,
-        "hardware": {"cuda_available": cuda, "gpus": gpu_list, "fp4_megamoe": fp4_megamoe(gpu_list),
+        "hardware": {"cuda_available": cuda, "gpus": gpu_list, "fp4_megamoe": _fp4_megamoe_part(gpu_list),
                      "hugepages": hugepages(), "l3_paths": l3_rows},
     }
     return report

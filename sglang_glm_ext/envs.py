@@ -54,4 +54,13 @@ HOST_REGISTER_MAX_GB = EnvVar(
     "Largest single cudaHostRegister the plugin allows (GiB); B300 fails at 1024 GiB, 512 GiB works.",
 )
 
-ENV_VARS: tuple[EnvVar, ...] = (DISABLE, FORCE_UNSUPPORTED, LOG_CG_BUFFERS, CP_L3_COLD_START, HOST_REGISTER_MAX_GB)
+# --- megamoe fp4 ---
+MEGAMOE_FP4_KEEP_TRTLLM = EnvVar(
+    "SGLANG_GLM_EXT_MEGAMOE_FP4_KEEP_TRTLLM", "1", "megamoe_fp4",
+    "Under --moe-a2a-backend megamoe, ModelOpt NVFP4 experts keep FlashInfer's TRTLLM layout and MegaMoE reads "
+    "the same storage (weight_layout=trtllm); 0 = SGLang 0.5.23's in-place MegaMoE repack, no fallback layout.",
+)
+# --- end megamoe fp4 ---
+
+ENV_VARS: tuple[EnvVar, ...] = (DISABLE, FORCE_UNSUPPORTED, LOG_CG_BUFFERS, CP_L3_COLD_START, HOST_REGISTER_MAX_GB,
+                                MEGAMOE_FP4_KEEP_TRTLLM)

@@ -38,6 +38,10 @@ FEATURES: tuple[Feature, ...] = (
             flags=("log_cuda_graph_buffers",), env=("SGLANG_LOG_CG_BUFFERS",)),
     Feature("host_register", "cudaHostRegister ceiling check for host KV pools", "297-321",
             env=("SGLANG_GLM_EXT_HOST_REGISTER_MAX_GB",), always_on=True),
+    # --- megamoe fp4 --- (acts only under --moe-a2a-backend megamoe; the env var opts out of keeping TRTLLM)
+    Feature("megamoe_fp4", "NVFP4/MXFP4 MegaMoE weights: TRTLLM fallback layout kept at zero copy, FP4 scale "
+            "groups validated", "1-9, 20-29", env=("SGLANG_GLM_EXT_MEGAMOE_FP4_KEEP_TRTLLM",), always_on=True),
+    # --- end megamoe fp4 ---
 )
 FEATURE_BY_NAME = {f.name: f for f in FEATURES}
 

@@ -111,4 +111,107 @@ PATCHES: tuple[Patch, ...] = (
         source_sha="f13fb8ab7ebf962a",
     ),
     # --- end host_register ---
+    # --- megamoe fp4 patches (seed 1-9, 20-29; owner: sglang_glm_ext/megamoe/fp4_hooks.py) ---
+    Patch(
+        id="megamoe_fp4.nvfp4_keep_trtllm",
+        target="sglang.srt.layers.quantization.modelopt_quant.ModelOptNvFp4FusedMoEMethod.__init__",
+        hook_type="after",
+        hook="sglang_glm_ext.megamoe.fp4_hooks:hook_nvfp4_init",
+        feature="megamoe_fp4",
+        tier=Tier.FEATURE,
+        reason="Under megamoe 0.5.23 turns the TRTLLM weight layout off for ModelOpt NVFP4 experts, so no fallback "
+        "layout can exist. When FlashInfer TRTLLM is the runner the layer would get (flashinfer_trtllm[_routed], or "
+        "auto on SM100), turn it back on, so create_weights and the loader lay the experts out as a2a=none does.",
+        seed_lines="20-29",
+        sglang_versions=V0523,
+        remove_when="SGLang keeps the TRTLLM layout under megamoe (MiniMax-M3 NVFP4 already does, "
+        "minimax_m3_nvfp4.py _alias_mega_moe_to_trtllm_weights).",
+        signature=("self", "quant_config"),
+        source_sha="d4e96f0544d20a43",
+    ),
+    Patch(
+        id="megamoe_fp4.nvfp4_create_weights",
+        target="sglang.srt.layers.quantization.modelopt_quant.ModelOptNvFp4FusedMoEMethod.create_weights",
+        hook_type="after",
+        hook="sglang_glm_ext.megamoe.fp4_hooks:hook_nvfp4_create_weights",
+        feature="megamoe_fp4",
+        tier=Tier.FEATURE,
+        reason="Under megamoe, at model construction (before any weight is read): refuse a shape MegaMoE NVFP4 "
+        "cannot run (H % 256, I % 256 after padding; GLM-4.5-Air's I=1408), naming it; record each checkpoint "
+        "tensor's shape/dtype at the FP4 parameters' loaders and turn a scale shape error into a named one.",
+        seed_lines="1-9",
+        sglang_versions=V0523,
+        remove_when="SGLang validates FP4 scale groups against the checkpoint tensors itself.",
+        signature=("self", "layer", "num_experts", "hidden_size", "intermediate_size_per_partition",
+                   "params_dtype", "extra_weight_attrs"),
+        source_sha="b9f7f98bdb0ee231",
+    ),
+    Patch(
+        id="megamoe_fp4.nvfp4_weights",
+        target="sglang.srt.layers.quantization.modelopt_quant.ModelOptNvFp4FusedMoEMethod"
+        ".process_weights_after_loading",
+        hook_type="around",
+        hook="sglang_glm_ext.megamoe.fp4_hooks:hook_nvfp4_process_weights",
+        feature="megamoe_fp4",
+        tier=Tier.FEATURE,
+        reason="Under megamoe 0.5.23 repacks NVFP4 experts in place for MegaMoE and frees the checkpoint layout. "
+        "Instead: validate the K/16 e4m3 scale groups, compute MegaMoE's alphas from the checkpoint scales, run "
+        "SGLang's own TRTLLM preparation (modelopt_quant's get_moe_a2a_backend reads 'none' for that one call: "
+        "its only use there is the MegaMoE early return), then give MegaMoE int8/int32 views of the TRTLLM "
+        "tensors with _mega_moe_trtllm_layout, so the kernel gets weight_layout='trtllm'. Zero weight copy.",
+        seed_lines="1-9, 20-29",
+        sglang_versions=V0523,
+        remove_when="SGLang builds ModelOpt NVFP4 MegaMoE weights on the TRTLLM layout itself.",
+        signature=("self", "layer"),
+        source_sha="0b14fe78412090fe",
+    ),
+    Patch(
+        id="megamoe_fp4.mxfp4_create_weights",
+        target="sglang.srt.layers.quantization.mxfp4.Mxfp4MoEMethod.create_weights",
+        hook_type="after",
+        hook="sglang_glm_ext.megamoe.fp4_hooks:hook_mxfp4_create_weights",
+        feature="megamoe_fp4",
+        tier=Tier.FEATURE,
+        reason="Under megamoe: refuse a shape the MXFP4 MegaMoE kernels cannot run before loading, naming it; "
+        "record checkpoint scale shapes/dtypes (the MXFP4 fused loader copies a smaller scale tensor into a slice "
+        "of a 1.0-filled buffer without error).",
+        seed_lines="1-9",
+        sglang_versions=V0523,
+        remove_when="SGLang validates MXFP4 scale groups against the checkpoint tensors itself.",
+        signature=("self", "layer", "num_experts", "hidden_size", "intermediate_size_per_partition",
+                   "params_dtype", "with_bias", "extra_weight_attrs"),
+        source_sha="fecf0a49fe1dd2a5",
+    ),
+    Patch(
+        id="megamoe_fp4.mxfp4_weights",
+        target="sglang.srt.layers.quantization.mxfp4.Mxfp4MoEMethod.process_weights_after_loading",
+        hook_type="before",
+        hook="sglang_glm_ext.megamoe.fp4_hooks:hook_mxfp4_process_weights",
+        feature="megamoe_fp4",
+        tier=Tier.FEATURE,
+        reason="Under megamoe: check the K/32 ue8m0 scale groups the checkpoint delivered, and record that MXFP4 "
+        "layers keep no fallback layout (deep_gemm's TRTLLM weight layout is NVFP4-only), logged at startup with "
+        "what a second copy would cost.",
+        seed_lines="1-9",
+        sglang_versions=V0523,
+        remove_when="SGLang validates MXFP4 MegaMoE scales and reports the missing fallback itself.",
+        signature=("self", "layer"),
+        source_sha="aaff7f1f081ce39a",
+    ),
+    Patch(
+        id="megamoe_fp4.memory_summary",
+        target="sglang.srt.model_loader.loader.DefaultModelLoader.postprocess_weights",
+        hook_type="after",
+        hook="sglang_glm_ext.megamoe.fp4_hooks:hook_postprocess_weights",
+        feature="megamoe_fp4",
+        tier=Tier.FEATURE,
+        reason="One startup line per GPU after all MoE layers are processed: FP4 MegaMoE layers on the TRTLLM "
+        "layout, expert weight bytes copied (target 0), extra bytes (alphas), and layers without a fallback.",
+        seed_lines="20-29",
+        sglang_versions=V0523,
+        remove_when="SGLang logs MegaMoE weight memory itself.",
+        signature=("model", "target_device"),
+        source_sha="d659ace457d4b365",
+    ),
+    # --- end megamoe fp4 ---
 )
