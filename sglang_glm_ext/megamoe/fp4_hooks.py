@@ -46,18 +46,10 @@ CKPT_ATTR = "_glm_ext_fp4_ckpt"  # on the layer: (hidden, intermediate per rank)
 FP4_PARAMS = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale")
 
 TALLY = core.MemoryTally()
-_LOGGED: set[str] = set()
-
-
-def _once(key: str, level: int, msg: str, *args: Any) -> None:
-    if key not in _LOGGED:
-        _LOGGED.add(key)
-        logger.log(level, msg, *args)
 
 
 def reset_for_tests() -> None:
     TALLY.clear()
-    _LOGGED.clear()
 
 
 def _megamoe() -> bool:
