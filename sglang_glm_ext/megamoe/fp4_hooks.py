@@ -1,4 +1,4 @@
-"""The thin SGLang side of FP4 MegaMoE weights: hooks declared in sglang_glm_ext/patches.py (feature megamoe_fp4).
+"""The thin SGLang side of FP4 MegaMoE weights: hooks declared in megamoe/patches.py (`megamoe_fp4.*`).
 
 What 0.5.23 does under `--moe-a2a-backend megamoe` for ModelOpt NVFP4 experts: `__init__` turns the TRTLLM weight
 layout off, `process_weights_after_loading` repacks the experts into MegaMoE's own layout in place and returns
@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from . import fp4_layout as core
+from .feature import FP4_KEEP_TRTLLM
 
 logger = logging.getLogger("sglang_glm_ext")
 
@@ -59,9 +60,7 @@ def _megamoe() -> bool:
 
 
 def _keep_enabled() -> bool:
-    from .. import envs
-
-    return envs.MEGAMOE_FP4_KEEP_TRTLLM.get_bool()
+    return FP4_KEEP_TRTLLM.get_bool()
 
 
 def layer_name(layer: Any) -> str:

@@ -3,12 +3,14 @@
 Hardware truth (DeepGEMM, sgl-deep-gemm 0.2.x): the FP4 MegaMoE kernels (fp8xfp4, mxf4xmxf4, nvfp4xnvfp4) and the
 bf16 one run on SM100-class GPUs (compute capability 10.x) only; on SM90 the only MegaMoE kernel is block-FP8
 (`fp8_mega_moe`, recipe 128x128x128), and `get_symm_buffer_for_mega_moe` asserts an fp8 MMA type there. Nothing
-here imports deep_gemm or touches CUDA at import time; `probe_deep_gemm` imports it when asked.
+here imports deep_gemm or touches CUDA at import time; `probe_deep_gemm` imports it when asked (the launch
+check needs its API names), `deep_gemm_version` and `trtllm_layout` only read the installed files.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
@@ -23,15 +25,46 @@ class DeepGemmProbe:
     error: str = ""
 
 
-def probe_deep_gemm() -> DeepGemmProbe:
-    """Import deep_gemm and list its public names; an import failure is reported, never raised."""
-    version = None
-    for dist in ("sgl-deep-gemm", "deep-gemm", "deep_gemm"):
+# sglang pins the `sgl-deep-gemm` distribution; its import name is deep_gemm.
+DEEP_GEMM_DISTS = ("sgl-deep-gemm", "deep-gemm", "deep_gemm")
+
+
+def deep_gemm_version() -> Optional[str]:
+    for dist in DEEP_GEMM_DISTS:
         try:
-            version = importlib.metadata.version(dist)
-            break
+            return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             continue
+    return None
+
+
+def trtllm_layout() -> dict[str, Any]:
+    """{"supported": bool, "why": str}: does `fp8_fp4_mega_moe` take `weight_layout="trtllm"` (sgl-deep-gemm
+    >= 0.2.3; absent in 0.2.0)? Without it NVFP4 MegaMoE cannot share FlashInfer's TRTLLM tensors.
+
+    Read from the installed source, without importing deep_gemm: its import loads a compiled torch extension
+    (and refuses legacy DG_* variables), which a diagnostic must neither pay for nor trip over."""
+    try:
+        spec = importlib.util.find_spec("deep_gemm")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        return {"supported": False, "why": "deep_gemm is not installed"}
+    path = os.path.join(list(spec.submodule_search_locations)[0], "mega", "__init__.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            src = f.read()
+    except OSError as exc:
+        return {"supported": False, "why": f"cannot read {path}: {exc}"}
+    if "weight_layout" in src and "'trtllm'" in src:
+        return {"supported": True, "why": ""}
+    return {"supported": False, "why": f"deep_gemm {deep_gemm_version()} has no weight_layout='trtllm' "
+                                       "(needs sgl-deep-gemm >= 0.2.3)"}
+
+
+def probe_deep_gemm() -> DeepGemmProbe:
+    """Import deep_gemm and list its public names; an import failure is reported, never raised."""
+    version = deep_gemm_version()
     try:
         import deep_gemm  # noqa: PLC0415 - optional, heavy, may be absent
     except Exception as exc:  # absent, or refuses to import (a legacy DG_* variable is set, an ABI mismatch)

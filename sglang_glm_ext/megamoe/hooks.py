@@ -1,7 +1,9 @@
-"""The thin SGLang side of megamoe: five hooks, declared in sglang_glm_ext/patches.py (`# --- megamoe ---`).
+"""The thin SGLang side of megamoe's GLM MoE layers: five hooks, declared in megamoe/patches.py (`megamoe.*`).
 
 Active only when SGLang's own a2a backend is megamoe (`get_moe_a2a_backend().is_megamoe()`, or the resolved
-`moe_a2a_backend` at argument resolution); otherwise every hook calls SGLang's code and changes nothing.
+`moe_a2a_backend` at argument resolution); otherwise every hook calls SGLang's code and changes nothing. The hooks
+ask SGLang's resolved backend rather than `FEATURE.is_active()`: it is the value SGLang's own MoE branches read,
+so the hooks and SGLang cannot disagree about a layer (after resolution the two answer alike).
 
 - `hook_glm4_init` (after `Glm4MoeSparseMoeBlock.__init__`): rebuild the separate shared expert replicated
   (parallel_group="replicated"), as DeepSeek-V2 does under megamoe (deepseek_v2.py:874-896); 0.5.23 leaves it

@@ -17,6 +17,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="stable JSON output (schema in sglang_glm_ext/plugin/doctor.py)")
     doc.add_argument("--brief", action="store_true", help="one line")
     flags.add_arguments(doc)  # `doctor --enable-cp-l3 --cp-l3-config x.toml` checks what that launch would need
+    from .registry import SGLANG_ARGS
+
+    for name in SGLANG_ARGS:  # SGLang's own switches of a feature: `doctor --moe-a2a-backend megamoe`
+        doc.add_argument("--" + name.replace("_", "-"), dest=f"sglang__{name}", default=None,
+                         help=f"SGLang's --{name.replace('_', '-')} of the launch to check")
 
     sub.add_parser("flags", help="list the plugin's CLI flags and environment variables")
 

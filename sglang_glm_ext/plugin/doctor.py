@@ -6,11 +6,17 @@ JSON schema (stable; bump SCHEMA on any breaking change, documented in README "d
   versions: {python, torch, deep_gemm, flashinfer, sglang},
   patches: [{id, target, feature, tier, state, detail}],
   features: [{name, title, active, available, why_unavailable}],
-  hardware: {cuda_available, gpus: [{index, name, sm}], fp4_megamoe: {possible, why},
-             hugepages: {...}, l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}]}
+  hardware: {cuda_available, gpus: [{index, name, sm}],
+             fp4_megamoe: {possible, why, deep_gemm, trtllm_layout: {supported, why}},
+             hugepages: {...}, l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}],
+             megamoe: {fp8_sm90: {possible, why}, fp4_sm100: {possible, why},
+                       deep_gemm: {version, imports, error}, retired_env: [str], dg_use_fp4_acts_set: bool}}
 
 The GPU listing is plugin-wide (here); every other "hardware" key, and the problems that go with it, is a
 folder's part (`<folder>/doctor.py` report(), listed in plugin/registry.py DOCTOR_PARTS).
+
+A feature that SGLang's own arguments switch on (`Feature.active_when`: megamoe) is `active` when doctor is given
+those arguments (`doctor --moe-a2a-backend megamoe`, registry.SGLANG_ARGS); without them it reports off.
 """
 
 from __future__ import annotations
@@ -19,13 +25,14 @@ import importlib.metadata
 import json
 import platform
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 from ..declare import DoctorInput
 from ..patching.ledger import State
 from . import __version__, compat, features, flags
 from . import register as plugin
-from .registry import DOCTOR_PARTS, FEATURES
+from .registry import DOCTOR_PARTS, FEATURES, SGLANG_ARGS
 
 SCHEMA = 1
 
@@ -67,7 +74,9 @@ def gpus() -> tuple[bool, list[dict[str, Any]]]:
     return True, out
 
 
-def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
+def collect(flag_values: dict[str, Any] | None = None, server_args: Any = None) -> dict[str, Any]:
+    """The report for a launch with these plugin flag values and these SGLang arguments (`server_args`: an
+    object with the registry.SGLANG_ARGS attributes, None when the launch's SGLang arguments are not given)."""
     loaded_via = _load_plugin()
     status = compat.version_status()
     ledger = plugin.ledger_state()
@@ -93,7 +102,7 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
     values.update({k: v for k, v in (flag_values or {}).items() if v not in (None, False)})
     feats = []
     for f in FEATURES:
-        active = f.switched_on(values)
+        active = f.switched_on(values, server_args)
         why = features.why_unavailable(f) if not plugin.is_disabled() else "plugin disabled"
         feats.append({"name": f.name, "title": f.title, "active": active, "available": not why,
                       "why_unavailable": why})
@@ -103,10 +112,12 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
     cuda, gpu_list = gpus()
     versions = {"python": platform.python_version(), "sglang": status.installed,
                 "torch": compat.installed_version("torch"),
-                "deep_gemm": compat.installed_version("deep_gemm") or compat.installed_version("deep-gemm"),
+                # sglang pins the `sgl-deep-gemm` distribution (import name deep_gemm)
+                "deep_gemm": compat.installed_version("sgl-deep-gemm") or compat.installed_version("deep_gemm")
+                or compat.installed_version("deep-gemm"),
                 "flashinfer": compat.installed_version("flashinfer-python") or compat.installed_version("flashinfer")}
     hardware: dict[str, Any] = {"cuda_available": cuda, "gpus": gpu_list}
-    probe = DoctorInput(values=values, gpus=tuple(gpu_list), versions=versions)
+    probe = DoctorInput(values=values, gpus=tuple(gpu_list), versions=versions, server_args=server_args)
     for part in DOCTOR_PARTS:  # each folder's part: its hardware keys and its problems
         got = part(probe)
         hardware.update(got.hardware)
@@ -147,6 +158,13 @@ def render_text(report: dict[str, Any]) -> str:
     gpu_s = ", ".join(f"{g['name']} (SM{g['sm']})" for g in h["gpus"]) or "none"
     lines.append(f"hardware: GPUs: {gpu_s}; FP4 MegaMoE: "
                  f"{'possible' if h['fp4_megamoe']['possible'] else h['fp4_megamoe']['why']}")
+    mm = h["megamoe"]
+    lines.append("  MegaMoE: " + "; ".join(
+        f"{k} {'possible' if mm[k]['possible'] else 'no: ' + mm[k]['why']}" for k in ("fp8_sm90", "fp4_sm100"))
+        + f"; deep_gemm {mm['deep_gemm']['version'] or 'absent'}"
+        + ("" if mm["deep_gemm"]["imports"] or not mm["deep_gemm"]["error"] else f" ({mm['deep_gemm']['error']})")
+        + ("; NVFP4 on the TRTLLM layout: " + ("yes" if h["fp4_megamoe"]["trtllm_layout"]["supported"]
+                                                 else h["fp4_megamoe"]["trtllm_layout"]["why"])))
     hp = h["hugepages"]
     lines.append(f"  hugepages: {hp['free']}/{hp['total']} free x {hp['size_kb']} kB, hugetlbfs mounts: "
                  f"{hp['mounts'] or 'none'}")
@@ -159,7 +177,7 @@ def render_text(report: dict[str, Any]) -> str:
 
 def main(args) -> int:
     values = flags.values_from_namespace(args)
-    report = collect(values)
+    report = collect(values, SimpleNamespace(**{a: getattr(args, f"sglang__{a}", None) for a in SGLANG_ARGS}))
     if args.json:
         json.dump(report, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")

@@ -39,7 +39,7 @@ def plugin_registered():
 
     plugin.register()
     states = {s.patch.id: s.state.value for s in plugin.ledger_state().status.values()
-              if s.patch.feature == "megamoe_fp4"}
+              if s.patch.id.startswith("megamoe_fp4.")}
     assert len(states) == 6 and set(states.values()) == {"applied"}, states
 
 
@@ -464,8 +464,8 @@ def test_installed_deep_gemm_has_the_trtllm_weight_layout():
 
     import deep_gemm
 
-    from sglang_glm_ext.megamoe import fp4_doctor
+    from sglang_glm_ext.megamoe import hardware
 
-    assert importlib.metadata.version("sgl-deep-gemm") == fp4_doctor.deep_gemm_version() == "0.2.3.post2"
+    assert importlib.metadata.version("sgl-deep-gemm") == hardware.deep_gemm_version() == "0.2.3.post2"
     assert inspect.signature(deep_gemm.fp8_fp4_mega_moe).parameters["weight_layout"].default == "megamoe"
-    assert fp4_doctor.trtllm_layout() == {"supported": True, "why": ""}
+    assert hardware.trtllm_layout() == {"supported": True, "why": ""}

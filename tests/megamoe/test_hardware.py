@@ -1,8 +1,5 @@
 """Hardware truth and doctor's MegaMoE part: FP4 kernels SM100-only, FP8 on SM90, and why not."""
 
-import json
-import os
-import subprocess
 import sys
 
 import pytest
@@ -47,15 +44,3 @@ def test_doctor_part_and_problems(monkeypatch):
     monkeypatch.delenv("SGLANG_OPT_USE_DEEPGEMM_MEGA_MOE")
     monkeypatch.delenv("DG_USE_FP4_ACTS")
     assert doctor_problems(doctor_part([], DeepGemmProbe(None, frozenset(), "absent"))) == []
-
-
-def test_doctor_json_carries_the_megamoe_part():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
-    proc = subprocess.run([sys.executable, "-m", "sglang_glm_ext.cli", "doctor", "--json"], capture_output=True,
-                          text=True, env=env, timeout=300)
-    rep = json.loads(proc.stdout)
-    mm = rep["hardware"]["megamoe"]
-    assert set(mm) == {"fp8_sm90", "fp4_sm100", "deep_gemm", "retired_env", "dg_use_fp4_acts_set"}
-    assert mm["fp8_sm90"] == {"possible": False, "why": "no CUDA GPU visible"}  # this CPU machine
-    feature = next(f for f in rep["features"] if f["name"] == "megamoe")
-    assert feature["active"] is False and feature["available"] is True  # applied; on only via --moe-a2a-backend

@@ -4,8 +4,8 @@
   GLM-4 / GLM-5 configs, with the platform said to be SM90 or SM100 and a fake deep_gemm: each refusal, SGLang's own
   token-budget check now reaching GLM models (it does not without the hook), the retired env switches.
 - The GLM-5.x guard on should_use_mega_moe, and the load check's marking of DeepseekV2MoE layers.
-- The feature's activity comes from SGLang's --moe-a2a-backend, and a launch asking for it refuses when a megamoe
-  patch did not land.
+- The plugin never sets DG_USE_FP4_ACTS. (The feature's activity and the refusal of a launch whose megamoe patch
+  did not land: test_feature.py.)
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from sglang.srt.runtime_context import override_platform
 from sglang.srt.server_args import ServerArgs
 
 import fake_deep_gemm
-from sglang_glm_ext import features
+import sglang_glm_ext
 from sglang_glm_ext.megamoe import guard, hooks, select
 from sglang_glm_ext.patching.ledger import resolve_original
 
@@ -213,41 +213,8 @@ def test_load_check_marks_glm5_layers_and_names_unready_ones(megamoe_gate):
     assert hooks.hook_load_check(None, runner) is None and hooks.GUARD_ATTR not in moe.__dict__
 
 
-# ---------------------------------------------------------------- activity and availability
-
-def test_feature_is_switched_on_by_sglangs_own_flag():
-    assert features.megamoe_requested(SimpleNamespace(moe_a2a_backend="megamoe", moe_runner_backend="auto"))
-    assert features.megamoe_requested(SimpleNamespace(moe_a2a_backend="none", moe_runner_backend="megamoe"))
-    assert not features.megamoe_requested(SimpleNamespace(moe_a2a_backend="none", moe_runner_backend="auto"))
-    assert features.is_active("megamoe", SimpleNamespace(moe_a2a_backend="megamoe"))
-    assert not features.active_in("megamoe", {"enable_cp_l3": True})  # plugin flags never switch it on
-    assert "megamoe" in features.FEATURE_BY_NAME
-
-
-def test_megamoe_launch_refuses_when_a_megamoe_patch_did_not_land(monkeypatch):
-    import sglang_glm_ext
-    from sglang_glm_ext.flags import PluginFlagError, hook_from_cli_args
-    from sglang_glm_ext.patching.ledger import Ledger, PatchStatus, State
-    from sglang_glm_ext.patches import PATCHES
-
-    ledger = Ledger(PATCHES)
-    for p in PATCHES:
-        ledger.status[p.id] = PatchStatus(p, State.APPLIED)
-    monkeypatch.setattr(sglang_glm_ext, "_LEDGER", ledger)
-    sa = SimpleNamespace(moe_a2a_backend="megamoe", moe_runner_backend="auto")
-    features.require_for_server_args(sa)  # all landed: fine
-    ledger.status["megamoe.glm4_forward"] = PatchStatus(ledger.status["megamoe.glm4_forward"].patch, State.FAILED,
-                                                        "target moved")
-    with pytest.raises(PluginFlagError, match="megamoe.*glm4_forward failed: target moved"):
-        features.require_for_server_args(sa)
-    features.require_for_server_args(SimpleNamespace(moe_a2a_backend="none", moe_runner_backend="auto"))
-    ns = SimpleNamespace()
-    with pytest.raises(SystemExit, match="glm4_forward"):
-        hook_from_cli_args(sa, ServerArgs, ns)
-
-
 def test_the_plugin_never_sets_dg_use_fp4_acts():
-    pkg = pathlib.Path(features.__file__).resolve().parent
+    pkg = pathlib.Path(sglang_glm_ext.__file__).resolve().parent
     setter = re.compile(r"""(environ\[\s*["']DG_USE_FP4_ACTS["']\s*\]\s*=|setdefault\(\s*["']DG_USE_FP4_ACTS|"""
                         r"""putenv\(\s*["']DG_USE_FP4_ACTS|environ\.update\([^)]*DG_USE_FP4_ACTS)""")
     hits = [str(p) for p in pkg.rglob("*.py") if setter.search(p.read_text())]
