@@ -213,6 +213,92 @@ def test_load_check_marks_glm5_layers_and_names_unready_ones(megamoe_gate):
     assert hooks.hook_load_check(None, runner) is None and hooks.GUARD_ATTR not in moe.__dict__
 
 
+# ---------------------------------------------------------------- MXFP4 GLM layers: no silent Triton miss
+# Issue 16's hand-off: under megamoe Mxfp4MoEMethod still builds a Triton runner with --moe-runner-backend auto
+# (layers/quantization/mxfp4.py:1443-1466), and SGLang's own token-budget check skips MXFP4 checkpoints
+# (arg_groups/mega_moe_hook.py:63-73 covers NVFP4 and its architecture list only), so a stock miss would run
+# Triton on MegaMoE-packed weights. The launch check holds MXFP4 GLM launches to the budget, and the runtime
+# guard raises before the stock path.
+
+MXFP4 = {"quant_method": "mxfp4"}
+
+
+@pytest.fixture
+def mxfp4_sm100(launch, monkeypatch):
+    """A GPU node as SGLang sees it: the mxfp4 method registered (SGLang registers it on CUDA builds only, so not
+    on this CPU), and deep_gemm with the SM100 kernels' names (the launch check probes names, calls nothing)."""
+    import sglang.srt.layers.quantization as quantization
+    from sglang.srt.layers.quantization.mxfp4 import Mxfp4Config
+
+    monkeypatch.setitem(quantization.QUANTIZATION_METHODS, "mxfp4", Mxfp4Config)
+    fake = sys.modules["deep_gemm"]
+    for name in sorted(guard.SM100_KERNEL_API - set(dir(fake))):
+        monkeypatch.setattr(fake, name, lambda *a, **k: pytest.fail("the launch check must not call deep_gemm"),
+                            raising=False)
+    return launch
+
+
+@pytest.mark.parametrize("config", [GLM5_CONFIG, GLM4_CONFIG], ids=["glm5", "glm4"])
+def test_mxfp4_glm_launch_is_held_to_the_token_budget_sglang_skips(mxfp4_sm100, config):
+    launch = mxfp4_sm100
+    cfg = with_quant(config, MXFP4)
+    assert not mega_moe_hook.mega_moe_needs_token_budget(cfg["architectures"][0], MXFP4, None)  # SGLang skips it
+    assert launch(cfg, SM100) is None
+    assert launch(cfg, SM100, chunked_prefill_size=4096, hook=False) is None  # SGLang alone lets it through
+    exc = launch(cfg, SM100, chunked_prefill_size=4096)
+    assert isinstance(exc, guard.MegaMoELaunchError) and "required_per_rank=4096" in str(exc), exc
+    exc = launch(cfg, SM100, max_running_requests=65)
+    assert isinstance(exc, guard.MegaMoELaunchError) and "a decode batch can carry 65 requests" in str(exc)
+    exc = launch(cfg, SM90)
+    assert isinstance(exc, guard.MegaMoELaunchError) and "MXFP4 experts need the FP4 MegaMoE kernels" in str(exc)
+
+
+def test_mxfp4_glm5_layer_that_misses_raises_before_its_triton_runner(megamoe_gate, monkeypatch):
+    """Real: an MXFP4 FusedMoE built and loaded under megamoe (Mxfp4MoEMethod, deep_gemm's weight transforms),
+    DeepseekV2MoE.forward, the load check and the patched gate. Fake: deep_gemm's UE8M0 scale transform (a CUDA
+    op, replaced by deep_gemm's own torch fallback) and the platform's SM (100)."""
+    import deep_gemm
+    from deep_gemm.utils.layout import _pack_fp32_into_ue8m0_fallback
+    from sglang.srt.models.deepseek_v2 import DeepseekV2MoE
+
+    import fp4_harness as H
+
+    monkeypatch.setattr(deep_gemm, "transform_sf_into_required_layout",
+                        lambda sf, *a, **k: _pack_fp32_into_ue8m0_fallback(sf))
+    monkeypatch.setattr(mega_moe, "is_mega_moe_experts_ready", resolve_original(
+        "sglang.srt.layers.moe.mega_moe.is_mega_moe_experts_ready"))  # the real readiness, not the fixture's
+    monkeypatch.setattr(mega_moe, "_device_sm", 100)
+    ck = H.Checkpoint.random(2, 512, 512, recipe="mxfp4")
+    with H.sglang_runtime(quantization="mxfp4", a2a="megamoe", runner="auto"):
+        experts = H.build_mxfp4_layer(ck)
+        H.load_mxfp4_fused(experts, ck, [0, 1])
+        experts.quant_method.process_weights_after_loading(experts)
+    assert experts._mega_moe_weights_built and experts.quant_method.runner is not None  # the Triton hazard
+
+    def stock(*args, **kwargs):
+        pytest.fail("the stock (Triton) MoE path ran under megamoe")
+
+    monkeypatch.setattr(experts.quant_method, "apply", stock)
+    monkeypatch.setattr(DeepseekV2MoE, "forward_normal", stock)
+    moe = DeepseekV2MoE.__new__(DeepseekV2MoE)
+    torch.nn.Module.__init__(moe)
+    moe.experts, moe.layer_id = experts, 3
+    # What DeepseekV2MoE.forward reads on its way from a "no" of the gate to forward_normal (no DP a2a, no alt stream)
+    moe.gate, moe._enable_a2a_moe, moe.alt_stream = SimpleNamespace(e_score_correction_bias_vl=None), False, None
+    holder = torch.nn.Module()
+    holder.layers = torch.nn.ModuleList([torch.nn.Module()])
+    holder.layers[0].mlp = moe
+    runner = SimpleNamespace(model=holder, model_config=SimpleNamespace(
+        hf_config=SimpleNamespace(architectures=["GlmMoeDsaForCausalLM"])))
+    assert hooks.hook_load_check(None, runner) is None and moe.__dict__[hooks.GUARD_ATTR] is True  # ready on SM100
+    wrapped = _wrap_fn(resolve_original("sglang.srt.layers.moe.mega_moe.should_use_mega_moe"),
+                       hooks.hook_should_use_mega_moe, HookType.AROUND)
+    monkeypatch.setattr(mega_moe, "should_use_mega_moe", wrapped)  # DeepseekV2MoE.forward imports it per call
+    with pytest.raises(select.MegaMoEMissError, match="layer 3: 65 tokens per rank exceed"):
+        moe.forward(torch.zeros(65, 512, dtype=torch.bfloat16))
+    assert wrapped(moe, torch.zeros(64, 512)) is True  # within the cap: the kernel path
+
+
 def test_the_plugin_never_sets_dg_use_fp4_acts():
     pkg = pathlib.Path(sglang_glm_ext.__file__).resolve().parent
     setter = re.compile(r"""(environ\[\s*["']DG_USE_FP4_ACTS["']\s*\]\s*=|setdefault\(\s*["']DG_USE_FP4_ACTS|"""
