@@ -159,8 +159,9 @@ class DoctorInput:
     values: Mapping[str, Any]  # the plugin flag values of the launch being checked (env vars folded in)
     gpus: tuple[Mapping[str, Any], ...]  # visible CUDA GPUs: {index, name, sm}
     versions: Mapping[str, str | None]  # python, sglang, torch, deep_gemm, flashinfer
-    # SGLang's own arguments doctor was given (each Feature's `sglang_args`, None when not given), as attributes.
-    server_args: Any = None
+    # SGLang-side values of the launch being checked, given to doctor on its command line (not plugin flags):
+    # each Feature's sglang_args ("moe_a2a_backend" from --moe-a2a-backend, ...). Absent when not given.
+    launch: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

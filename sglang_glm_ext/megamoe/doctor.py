@@ -12,6 +12,7 @@ checked asks for megamoe (`doctor --moe-a2a-backend megamoe`), a node on which n
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
 from ..declare import DoctorInput, DoctorPart
@@ -24,7 +25,7 @@ def report(inp: DoctorInput) -> DoctorPart:
     fp4 = {**fp4_megamoe(inp.gpus, version), "deep_gemm": version, "trtllm_layout": hardware.trtllm_layout()}
     megamoe = hardware.doctor_part(list(inp.gpus))
     problems = hardware.doctor_problems(megamoe)
-    if FEATURE.switched_on(inp.values, inp.server_args):
+    if FEATURE.switched_on(inp.values, SimpleNamespace(**inp.launch)):  # doctor --moe-a2a-backend megamoe
         problems += launch_problems(megamoe)
     return DoctorPart({"fp4_megamoe": fp4, "megamoe": megamoe}, tuple(problems))
 

@@ -19,9 +19,10 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_arguments(doc)  # `doctor --enable-cp-l3 --cp-l3-config x.toml` checks what that launch would need
     from .registry import SGLANG_ARGS
 
-    for name in SGLANG_ARGS:  # SGLang's own switches of a feature: `doctor --moe-a2a-backend megamoe`
-        doc.add_argument("--" + name.replace("_", "-"), dest=f"sglang__{name}", default=None,
-                         help=f"SGLang's --{name.replace('_', '-')} of the launch to check")
+    # SGLang's own switches of a feature (`doctor --moe-a2a-backend megamoe`); they reach doctor as DoctorInput.launch
+    for name in SGLANG_ARGS:
+        doc.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                         help=f"the launch's SGLang --{name.replace('_', '-')} (a feature it switches on shows active)")
 
     sub.add_parser("flags", help="list the plugin's CLI flags and environment variables")
 

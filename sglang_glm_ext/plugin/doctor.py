@@ -16,7 +16,8 @@ The GPU listing is plugin-wide (here); every other "hardware" key, and the probl
 folder's part (`<folder>/doctor.py` report(), listed in plugin/registry.py DOCTOR_PARTS).
 
 A feature that SGLang's own arguments switch on (`Feature.active_when`: megamoe) is `active` when doctor is given
-those arguments (`doctor --moe-a2a-backend megamoe`, registry.SGLANG_ARGS); without them it reports off.
+those arguments (`doctor --moe-a2a-backend megamoe`, registry.SGLANG_ARGS, passed as `launch`); without them it
+reports off.
 """
 
 from __future__ import annotations
@@ -74,9 +75,8 @@ def gpus() -> tuple[bool, list[dict[str, Any]]]:
     return True, out
 
 
-def collect(flag_values: dict[str, Any] | None = None, server_args: Any = None) -> dict[str, Any]:
-    """The report for a launch with these plugin flag values and these SGLang arguments (`server_args`: an
-    object with the registry.SGLANG_ARGS attributes, None when the launch's SGLang arguments are not given)."""
+def collect(flag_values: dict[str, Any] | None = None, launch: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report; `launch`: SGLang-side values of the launch being checked (DoctorInput.launch)."""
     loaded_via = _load_plugin()
     status = compat.version_status()
     ledger = plugin.ledger_state()
@@ -102,7 +102,7 @@ def collect(flag_values: dict[str, Any] | None = None, server_args: Any = None) 
     values.update({k: v for k, v in (flag_values or {}).items() if v not in (None, False)})
     feats = []
     for f in FEATURES:
-        active = f.switched_on(values, server_args)
+        active = f.switched_on(values, SimpleNamespace(**(launch or {})))  # active_when reads SGLang's own args
         why = features.why_unavailable(f) if not plugin.is_disabled() else "plugin disabled"
         feats.append({"name": f.name, "title": f.title, "active": active, "available": not why,
                       "why_unavailable": why})
@@ -117,7 +117,8 @@ def collect(flag_values: dict[str, Any] | None = None, server_args: Any = None) 
                 or compat.installed_version("deep-gemm"),
                 "flashinfer": compat.installed_version("flashinfer-python") or compat.installed_version("flashinfer")}
     hardware: dict[str, Any] = {"cuda_available": cuda, "gpus": gpu_list}
-    probe = DoctorInput(values=values, gpus=tuple(gpu_list), versions=versions, server_args=server_args)
+    probe = DoctorInput(values=values, gpus=tuple(gpu_list), versions=versions,
+                        launch={k: v for k, v in (launch or {}).items() if v is not None})
     for part in DOCTOR_PARTS:  # each folder's part: its hardware keys and its problems
         got = part(probe)
         hardware.update(got.hardware)
@@ -177,7 +178,7 @@ def render_text(report: dict[str, Any]) -> str:
 
 def main(args) -> int:
     values = flags.values_from_namespace(args)
-    report = collect(values, SimpleNamespace(**{a: getattr(args, f"sglang__{a}", None) for a in SGLANG_ARGS}))
+    report = collect(values, launch={a: getattr(args, a, None) for a in SGLANG_ARGS})
     if args.json:
         json.dump(report, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 
@@ -16,7 +15,7 @@ from sglang_glm_ext.megamoe.doctor import fp4_megamoe, launch_problems, report
 
 B200 = {"index": 0, "name": "B200", "sm": 100}
 H200 = {"index": 1, "name": "H200", "sm": 90}
-MEGA = SimpleNamespace(moe_a2a_backend="megamoe", moe_runner_backend=None)
+MEGA = {"moe_a2a_backend": "megamoe"}
 
 
 @pytest.fixture(autouse=True)
@@ -46,15 +45,16 @@ def test_report_reads_gpus_and_the_deep_gemm_version_from_doctor_input():
 def test_a_checked_megamoe_launch_needs_a_node_that_runs_some_megamoe_kernel(monkeypatch):
     monkeypatch.setattr(hardware, "probe_deep_gemm",
                         lambda: hardware.DeepGemmProbe("0.2.3.post2", hardware.SM90_KERNEL_API))
-    cpu = DoctorInput(values={}, gpus=(), versions={}, server_args=MEGA)
+    cpu = DoctorInput(values={}, gpus=(), versions={}, launch=MEGA)
     (problem,) = report(cpu).problems
     assert problem.startswith("--moe-a2a-backend megamoe: no MegaMoE kernel can run on this node")
     assert "fp8_sm90: no CUDA GPU visible" in problem
-    assert report(DoctorInput(values={}, gpus=(H200,), versions={}, server_args=MEGA)).problems == ()
+    assert report(DoctorInput(values={}, gpus=(H200,), versions={}, launch=MEGA)).problems == ()
+    assert report(DoctorInput(values={}, gpus=(), versions={}, launch={"moe_runner_backend": "megamoe"})).problems
     # megamoe not asked (no SGLang arguments given, or another backend): the node is not judged
     assert report(DoctorInput(values={}, gpus=(), versions={})).problems == ()
-    other = SimpleNamespace(moe_a2a_backend="deepep", moe_runner_backend=None)
-    assert report(DoctorInput(values={}, gpus=(), versions={}, server_args=other)).problems == ()
+    other = {"moe_a2a_backend": "deepep"}
+    assert report(DoctorInput(values={}, gpus=(), versions={}, launch=other)).problems == ()
     assert launch_problems({"fp8_sm90": {"possible": False, "why": "a"},
                             "fp4_sm100": {"possible": True, "why": ""}}) == []
 
