@@ -6,7 +6,11 @@ GLM-shaped layer (ep = 1, torch symmetric memory over a 1-rank NCCL group), fed 
 `run_sm90_mega_routed` feeds it from the plugin's plan (glm4.runner_kwargs), against the dequantised reference.
 Prints one PASS / FAIL / SKIP line per check and a RESULT line; exit status 1 on any FAIL.
 
-Run (repo root): PYTHONPATH=.:/tmp/dg python3 scripts/gpu/megamoe_h200.py   (/tmp/dg: unpacked deep_gemm wheels)
+Run (repo root, torch alone on the box): PYTHONPATH=.:/tmp/dg python3 scripts/gpu/megamoe_h200.py
+  /tmp/dg: the sgl-deep-gemm and apache-tvm-ffi wheels unpacked (a wheel is a zip: `python3 -m zipfile -e W /tmp/dg`);
+  without a deep_gemm that imports, the two kernel checks SKIP. `--device cpu` is the smoke run tests/megamoe runs.
+Last run (docs_internal/megamoe.md section 3): H200, torch 2.11.0+cu130, sgl-deep-gemm 0.1.5.post1 + apache-tvm-ffi
+0.1.11 (the pinned 0.2.3.post2 is built for a newer torch than 2.11): RESULT: 7 PASS, 0 FAIL, 0 SKIP, 2026-12-01.
 """
 
 from __future__ import annotations
@@ -93,7 +97,8 @@ def _():
     w = torch.rand(64, 8, device=DEV, dtype=torch.bfloat16)
     kr = routing.kernel_routing(ids, w, num_tokens=64, top_k=8, num_experts=160, routed_scaling_factor=2.5,
                                 scale_fused_in_topk=False, check_ids=True)
-    assert kr.topk_ids.device.type == DEV.type and kr.topk_ids.dtype == torch.int32 and kr.topk_weights.dtype == torch.float32
+    assert kr.topk_ids.device.type == DEV.type
+    assert kr.topk_ids.dtype == torch.int32 and kr.topk_weights.dtype == torch.float32
     assert kr.routed_scaling_factor == 2.5
     empty = routing.kernel_routing(None, None, num_tokens=0, top_k=8, num_experts=160, routed_scaling_factor=2.5,
                                    scale_fused_in_topk=False, device=DEV)

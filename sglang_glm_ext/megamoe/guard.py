@@ -200,7 +200,8 @@ def kernel_api_problem(sm: int, api: Iterable[str], error: str = "") -> Optional
     need = SM90_KERNEL_API if sm // 10 == 9 else SM100_KERNEL_API
     missing = sorted(need - api)
     if missing:
-        return f"the installed deep_gemm lacks {missing}, which MegaMoE on SM{sm} calls; install the sgl-deep-gemm SGLang pins"
+        return (f"the installed deep_gemm lacks {missing}, which MegaMoE on SM{sm} calls; install the sgl-deep-gemm "
+                "SGLang pins")
     return None
 
 
@@ -218,7 +219,8 @@ def check_launch(f: LaunchFacts) -> list[str]:
     if qp:
         problems.append(qp)
     if f.sm is not None and f.sm // 10 == 9 and f.enable_w4a4_mxfp4_megamoe:
-        problems.append("--enable-w4a4-mxfp4-megamoe selects an FP4 MegaMoE kernel, which is SM100-only; drop it on SM90")
+        problems.append("--enable-w4a4-mxfp4-megamoe selects an FP4 MegaMoE kernel, which is SM100-only; drop it "
+                        "on SM90")
     for layer, entries in sorted(excluded_moe_layers(f.hf_quant_config).items()):
         if layer >= f.num_hidden_layers and not f.speculative:
             continue  # the MTP layer is only built for speculative decoding

@@ -47,7 +47,8 @@ def layer_is_interleaved(experts: Any) -> bool:
     return bool(getattr(experts, "_mega_moe_sm90_fp8_weights", False))
 
 
-def dequant_block_fp8(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] = (BLOCK, BLOCK)) -> torch.Tensor:
+def dequant_block_fp8(weight: torch.Tensor, scale: torch.Tensor,
+                      block: tuple[int, int] = (BLOCK, BLOCK)) -> torch.Tensor:
     """[..., N, K] FP8 with [..., ceil(N/bn), K/bk] fp32 scales -> fp32."""
     bn, bk = block
     n, k = weight.shape[-2:]

@@ -216,7 +216,7 @@ def test_load_check_marks_glm5_layers_and_names_unready_ones(megamoe_gate):
 # ---------------------------------------------------------------- MXFP4 GLM layers: no silent Triton miss
 # Issue 16's hand-off: under megamoe Mxfp4MoEMethod still builds a Triton runner with --moe-runner-backend auto
 # (layers/quantization/mxfp4.py:1443-1466), and SGLang's own token-budget check skips MXFP4 checkpoints
-# (arg_groups/mega_moe_hook.py:63-73 covers NVFP4 and its architecture list only), so a stock miss would run
+# (arg_groups/mega_moe_hook.py:67-75 covers NVFP4 and its architecture list only), so a stock miss would run
 # Triton on MegaMoE-packed weights. The launch check holds MXFP4 GLM launches to the budget, and the runtime
 # guard raises before the stock path.
 
