@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from . import fp4_layout as core
+from . import fp4_layout as core, hardware
 from .feature import FP4_KEEP_TRTLLM
 
 logger = logging.getLogger("sglang_glm_ext")
@@ -47,10 +47,18 @@ CKPT_ATTR = "_glm_ext_fp4_ckpt"  # on the layer: (hidden, intermediate per rank)
 FP4_PARAMS = ("w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale")
 
 TALLY = core.MemoryTally()
+_TRTLLM_LAYOUT: dict[str, Any] = {}  # hardware.trtllm_layout(), read once per process (the installed files)
 
 
 def reset_for_tests() -> None:
     TALLY.clear()
+    _TRTLLM_LAYOUT.clear()
+
+
+def _deep_gemm_reads_trtllm() -> dict[str, Any]:
+    if not _TRTLLM_LAYOUT:
+        _TRTLLM_LAYOUT.update(hardware.trtllm_layout())
+    return _TRTLLM_LAYOUT
 
 
 def _megamoe() -> bool:
@@ -100,6 +108,10 @@ def hook_nvfp4_init(result: Any, self: Any, *args: Any, **kwargs: Any) -> None:
     runner, why = (None, "SGLANG_GLM_EXT_MEGAMOE_FP4_KEEP_TRTLLM=0") if not _keep_enabled() else _trtllm_runner(self)
     if runner and getattr(self, "_lora_marlin", False):
         runner, why = None, "LoRA (lora_marlin) experts"
+    if runner and not _deep_gemm_reads_trtllm()["supported"]:
+        # Keeping the layout would hand deep_gemm weight_layout="trtllm" at the first batch, which a deep_gemm
+        # without it rejects mid-serving; 0.5.23's own repack serves instead (said at startup, no fallback).
+        runner, why = None, f"MegaMoE cannot read the TRTLLM layout: {_deep_gemm_reads_trtllm()['why']}"
     setattr(self, KEEP_ATTR, runner)
     setattr(self, WHY_ATTR, why)
     if runner:

@@ -275,6 +275,22 @@ def test_opt_out_restores_0523_in_place_repack_with_real_deep_gemm(monkeypatch):
     assert "NO fallback" in line
 
 
+def test_a_deep_gemm_without_the_trtllm_layout_gets_0523s_repack_instead_of_failing_at_the_first_batch(monkeypatch):
+    """Real: as the opt-out test. Faked: what doctor's probe reads from the installed deep_gemm (an sgl-deep-gemm
+    0.2.0, whose fp8_fp4_mega_moe has no weight_layout). Keeping the layout would make run_mega_routed_experts pass
+    weight_layout='trtllm' to a kernel wrapper that does not take it; the layer is repacked and says why."""
+    from sglang_glm_ext.megamoe import hardware
+
+    why = "deep_gemm 0.2.0 has no weight_layout='trtllm' (needs sgl-deep-gemm >= 0.2.3)"
+    monkeypatch.setattr(hardware, "trtllm_layout", lambda: {"supported": False, "why": why})
+    layer = nvfp4_layer(H.Checkpoint.random(4, HID, INTER))
+    assert layer._mega_moe_weights_built and not layer._mega_moe_trtllm_layout
+    fb = getattr(layer, core.FALLBACK_ATTR)
+    assert not fb.kept and why in fb.reason and "cannot read the TRTLLM layout" in fb.reason
+    (line,) = fp4_hooks.TALLY.summary()
+    assert "NO fallback" in line
+
+
 @pytest.mark.parametrize("backend,cuda,cap,expect", [
     ("flashinfer_trtllm", False, None, "flashinfer_trtllm"),
     ("flashinfer_trtllm_routed", False, None, "flashinfer_trtllm_routed"),
