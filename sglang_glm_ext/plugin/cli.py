@@ -19,11 +19,18 @@ def build_parser() -> argparse.ArgumentParser:
     flags.add_arguments(doc)  # `doctor --enable-cp-l3 --cp-l3-config x.toml` checks what that launch would need
     # SGLang-side values of the launch (not plugin flags): they reach the doctor parts as DoctorInput.launch.
     launch = doc.add_argument_group("launch", "SGLang settings of the launch to check: they size a "
-                                    "hugepage-backed HiCache launch (SGLANG_HUGEPAGE_SIZE)")
+                                    "hugepage-backed HiCache launch (SGLANG_HUGEPAGE_SIZE) and switch "
+                                    "SGLang-switched features on (megamoe)")
     launch.add_argument("--hicache-size", type=_positive_int, default=None, metavar="GB",
                         help="the launch's --hicache-size (GB per rank): whether the node's hugepages hold it")
     launch.add_argument("--ranks-per-node", type=_positive_int, default=None, metavar="N",
                         help="scheduler ranks on this node (tp*pp*dp / nnodes); default: visible GPUs, else 1")
+    from .registry import SGLANG_ARGS
+
+    # SGLang's own switches of a feature (`doctor --moe-a2a-backend megamoe`); they reach doctor as DoctorInput.launch
+    for name in SGLANG_ARGS:
+        launch.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
+                         help=f"the launch's SGLang --{name.replace('_', '-')} (a feature it switches on shows active)")
 
     sub.add_parser("flags", help="list the plugin's CLI flags and environment variables")
 

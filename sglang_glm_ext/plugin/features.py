@@ -33,9 +33,10 @@ def require_available(feature: Feature) -> None:
         raise PluginFlagError(f"feature '{feature.name}' cannot work: {reason}")
 
 
-def require_switched_on_available(values: Mapping[str, Any]) -> None:
-    """A feature switched on (by flag or env var) whose patches did not land refuses the launch, loudly.
+def require_switched_on_available(values: Mapping[str, Any], server_args: Any = None) -> None:
+    """A feature switched on (by flag, env var, or, given `server_args`, SGLang's own arguments through its
+    `active_when`) whose patches did not land refuses the launch, loudly.
     Always-on features are checks, not switches: they never refuse a launch here."""
     for feature in FEATURES:
-        if not feature.always_on and feature.switched_on(values):
+        if not feature.always_on and feature.switched_on(values, server_args):
             require_available(feature)

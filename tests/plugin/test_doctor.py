@@ -37,7 +37,7 @@ def test_json_reports_supported_sglang_and_every_patch_applied(report):
 def test_json_schema_keys_are_stable(report):
     assert set(report) == {"schema", "ok", "problems", "plugin", "sglang", "versions", "patches", "features",
                            "hardware"}
-    assert set(report["hardware"]) == {"cuda_available", "gpus", "fp4_megamoe", "hugepages", "l3_paths"}
+    assert set(report["hardware"]) == {"cuda_available", "gpus", "fp4_megamoe", "hugepages", "l3_paths", "megamoe"}
     for f in report["features"]:
         assert set(f) == {"name", "title", "active", "available", "why_unavailable"}
     assert report["hardware"]["fp4_megamoe"]["possible"] is False  # no GPU here: the reason says so
