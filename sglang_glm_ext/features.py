@@ -25,14 +25,9 @@ class Feature:
 FEATURES: tuple[Feature, ...] = (
     Feature("flags", "plugin flags on SGLang's CLI, Engine(...) and --config YAML", "-", always_on=True),
     Feature(
-        "l3", "durable L3 disk tier for HiCache (engine, fsck, bench)",
-        "231-250, 367-392, 426-457, 476-521",
+        "l3", "durable L3 disk tier for HiCache: SGLang's storage backend (one rank), engine, fsck, bench, demo",
+        "163-180, 231-250, 251-281, 367-392, 393-425, 426-457, 458-486, 476-521",
         flags=("enable_cp_l3", "cp_l3_config"), env=("SGLANG_CP_L3_COLD_START",),
-        unavailable=(
-            "the L3 engine and `sglang-glm-ext l3` tools ship in this build, but its wiring into SGLang's "
-            "HiCache (the storage backend behind --enable-cp-l3) does not yet; serving with --enable-cp-l3 "
-            "would silently run without L3, so it is refused"
-        ),
     ),
     Feature("cg_mem", "CUDA-graph static-buffer and graph-pool memory attribution", "152-162",
             flags=("log_cuda_graph_buffers",), env=("SGLANG_LOG_CG_BUFFERS",)),

@@ -159,6 +159,10 @@ def hook_from_cli_args(server_args, cls, ns, *args, **kwargs):
     _guard_version(values_from_namespace(ns))
     try:
         attach(server_args, validate(values_from_namespace(ns)))
+        # --- l3 backend: the storage-backend fields go onto the record here too, for a one-line CLI error ---
+        from .l3.hicache.hooks import translate
+
+        translate(server_args)
     except PluginFlagError as exc:
         raise SystemExit(f"sglang-glm-ext: {exc}") from None
     return server_args

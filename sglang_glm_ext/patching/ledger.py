@@ -30,6 +30,10 @@ class Tier(str, enum.Enum):
     GUARD = "guard"
     # Feature patches change serving behaviour; only on a supported SGLang (or when forced).
     FEATURE = "feature"
+    # --- l3 backend ---
+    # Demo/test-only stand-ins (CPU copies of GPU ops): register() never applies them; only an explicit,
+    # guarded install (sglang_glm_ext/l3/hicache/testing/cpu_standins.py) does, never in a server or next to a GPU.
+    DEMO = "demo"
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,9 @@ def apply_all(ledger: Ledger, *, allow_features: bool, why_skipped: str) -> Ledg
 
     source = HookSource(plugin_name="glm_ext", dist_name="sglang-glm-ext")
     for patch in ledger.patches:
+        if patch.tier is Tier.DEMO:  # --- l3 backend: demo/test-only, see Tier.DEMO ---
+            ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, "demo/test-only: never applied by register()")
+            continue
         if patch.tier is Tier.FEATURE and not allow_features:
             ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, why_skipped)
             continue
