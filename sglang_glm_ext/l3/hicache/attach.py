@@ -121,6 +121,13 @@ class PendingPages:
                 for k in [k for k, g in d.items() if g <= gen]:
                     del d[k]
 
+    def which(self, kind, keys: list[bytes]) -> list[bool] | None:
+        """Per key, whether it is pending; None (no per-key work) when nothing of ``kind`` is."""
+        d = self._keys.get(kind)
+        if not d:
+            return None
+        return [k in d for k in keys]
+
     def contains(self, kind, key: bytes) -> bool:
         d = self._keys.get(kind)
         return bool(d) and key in d
@@ -140,7 +147,7 @@ class PendingPages:
         while True:
             if self._durable(kind, [key]):
                 return True
-            if not self.contains(kind, key):
+            if not self.contains(kind, key):  # resolved: durable just now, or dropped
                 return bool(self._durable(kind, [key]))
             if time.monotonic() >= deadline:
                 return False

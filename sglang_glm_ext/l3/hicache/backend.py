@@ -375,11 +375,15 @@ class L3HiCacheStorage(HiCacheStorage):
                 self.c.get_misses += n
                 return [False] * n
             skeys = storage_keys(keys)
-            store = self.shared.store
+            store, pending = self.shared.store, self.shared.pending
+            # Which pages were spilled and not yet durable before the read: only those may be waited for; a miss
+            # on any other page is a true miss (absent, corrupt, I/O error) and ends the prefix.
+            pending.prune()
+            was_pending = pending.which(kind, skeys)
             t0 = time.perf_counter()
             ok = store.reload_into_layout(kind, skeys, plan.layout, pages)
-            if not all(ok):
-                self._retry_pending(kind, plan, skeys, pages, ok)
+            if was_pending is not None and not all(ok):
+                self._retry_pending(kind, plan, skeys, pages, ok, was_pending)
             hits = sum(ok)
             self.c.get_pages += n
             self.c.get_hits += hits
@@ -392,16 +396,15 @@ class L3HiCacheStorage(HiCacheStorage):
             self.c.get_misses += n
             return [False] * n
 
-    def _retry_pending(self, kind, plan, skeys, pages, ok) -> None:
-        """Pages spilled but not yet durable: SGLang may read them right after batch_set returned (visible-after-
-        set). Wait for each (bounded) up to the first page that is a true miss; only the prefix counts."""
-        pending, store = self.shared.pending, self.shared.store
+    def _retry_pending(self, kind, plan, skeys, pages, ok, was_pending) -> None:
+        """Pages spilled but not yet durable when read: SGLang may read them right after batch_set returned
+        (visible-after-set). Wait for each (bounded) up to the first true miss; only the prefix counts."""
+        pending = self.shared.pending
         retry = []
         for i, hit in enumerate(ok):
             if hit:
                 continue
-            durable = store.exists(kind, [skeys[i]]) == 1  # became durable since the read
-            if not durable and not (pending.contains(kind, skeys[i]) and pending.wait_durable(kind, skeys[i])):
+            if not was_pending[i] or not pending.wait_durable(kind, skeys[i]):
                 break
             retry.append(i)
         if retry:
