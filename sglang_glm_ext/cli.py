@@ -1,4 +1,4 @@
-"""`sglang-glm-ext`: doctor, flags, the patch manifest, and the L3 tools."""
+"""`sglang-glm-ext`: doctor, flags, the patch manifest, the L3 tools, and the L3 HiCache demo."""
 
 from __future__ import annotations
 
@@ -28,6 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
         add_l3_subcommands = None
     if add_l3_subcommands is not None:
         add_l3_subcommands(sub)
+    # --- l3 backend: the main job, L3 under SGLang's real HiCache on a CPU ---
+    from .l3.hicache.demo import add_demo_subcommand
+
+    add_demo_subcommand(sub)
     return parser
 
 

@@ -197,7 +197,7 @@ class DsaStack:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"HiCache did not reach: {what}")
-            time.sleep(0.005)
+            time.sleep(0.001)
 
     def write_through(self, tokens: list[int]) -> None:
         """Wait until the inserted path is backed up in host memory (D2H committed)."""
