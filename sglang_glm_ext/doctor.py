@@ -7,7 +7,10 @@ JSON schema (stable; bump SCHEMA on any breaking change, documented in README "d
   patches: [{id, target, feature, tier, state, detail}],
   features: [{name, title, active, available, why_unavailable}],
   hardware: {cuda_available, gpus: [{index, name, sm}], fp4_megamoe: {possible, why},
-             hugepages: {...}, l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}]}
+             hugepages: {...}, l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}]},
+  l3: {active, [backend_class, hicache_storage_backend, config, extra_config | error,
+       state: {deployment_id, cold_start, ranks, require_plp, plp, index: {path, exists, entries_for_deployment,
+       entries_total}, slabs: [{rank, path, bytes, slots, page_bytes, namespace}]}]}   (added in schema 1)
 """
 
 from __future__ import annotations
@@ -158,6 +161,11 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
     cuda, gpu_list = gpus()
     l3_rows, l3_problems = l3_paths(values.get("cp_l3_config"))
     problems.extend(l3_problems)
+    # --- l3 backend: backend class, resolved extra config, L3 state on disk ---
+    from .l3.hicache.doctor import report as l3_backend_report
+
+    l3_section, l3_backend_problems = l3_backend_report(values)
+    problems.extend(p for p in l3_backend_problems if p not in problems)
     report = {
         "schema": SCHEMA,
         "ok": not problems,
@@ -173,6 +181,7 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
         "features": feats,
         "hardware": {"cuda_available": cuda, "gpus": gpu_list, "fp4_megamoe": fp4_megamoe(gpu_list),
                      "hugepages": hugepages(), "l3_paths": l3_rows},
+        "l3": l3_section,  # --- l3 backend ---
     }
     return report
 
@@ -203,6 +212,9 @@ def render_text(report: dict[str, Any]) -> str:
     for row in h["l3_paths"]:
         lines.append(f"  L3 path {row['path']}: o_direct={row.get('o_direct')} free={row.get('free_bytes')} "
                      f"budget={row.get('budget_bytes')}")
+    from .l3.hicache.doctor import render as render_l3  # --- l3 backend ---
+
+    lines.extend(render_l3(report.get("l3", {})))
     lines.append("OK" if report["ok"] else "PROBLEMS:\n  - " + "\n  - ".join(report["problems"]))
     return "\n".join(lines)
 
