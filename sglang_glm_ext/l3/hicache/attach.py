@@ -6,7 +6,7 @@
 * A page visible to ``exists`` / ``get`` as soon as ``batch_set`` returns (:class:`PendingPages`). ``L3Store.spill``
   returns once the page is staged; ``exists`` counts it only once durable. The backend remembers what it spilled
   until the store's writer has drained past it, counts those pages present, and a read of one waits (bounded)
-  until it is durable. The store-side fix (serve staged pages) is specified in ``notes/issue10_store_needs.md``.
+  until it is durable. The store-side fix (serve staged pages) is store need N1 in ``docs_internal/l3_hicache.md``.
 * The extra config SGLang's ``dynamic`` factory gets (:func:`extra_config` / :func:`parse_extra_config`).
 """
 

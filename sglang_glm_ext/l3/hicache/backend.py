@@ -237,7 +237,7 @@ class L3HiCacheStorage(HiCacheStorage):
         if self._ready:
             # The store's payload kinds and slab geometry are fixed at open; a pool after that (a sidecar draft
             # pool registered after the storage attach) cannot get a slab of its own without the store change in
-            # notes/issue10_store_needs.md (add a payload kind after open).
+            # docs_internal/l3_hicache.md (store need N4: add a payload kind after open).
             raise AttachError(
                 f"sglang-glm-ext L3 backend: host pool {name!r} ({type(pool).__name__}) was registered after the "
                 "L3 store opened. Sidecar draft pools are served when they exist at attach (runtime attach); at "
