@@ -52,12 +52,23 @@ def standins(plugin):
     cpu_standins.uninstall()
 
 
+# Slabs are preallocated (fallocate): keep test budgets small and drop each test's slabs when it ends, so the
+# basetemp directories pytest keeps around never pin gigabytes of a shared disk.
+TEST_BUDGET = "16MiB"
+
+
+@pytest.fixture(autouse=True)
+def _drop_slabs(tmp_path):
+    yield
+    import shutil
+
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
 @pytest.fixture
 def l3_config(tmp_path):
     """A small valid L3 config under tmp_path; returns its path."""
-    from sglang_glm_ext.l3.config import write_example_config
-
-    return write_example_config(str(tmp_path / "l3"))
+    return write_config(tmp_path)
 
 
 def write_config(tmp_path, name="l3", **overrides) -> str:
@@ -66,7 +77,7 @@ def write_config(tmp_path, name="l3", **overrides) -> str:
 
     d = tmp_path / name
     d.mkdir(parents=True, exist_ok=True)
-    text = example_config(str(d))
+    text = example_config(str(d)).replace('budget = "1GiB"', f'budget = "{TEST_BUDGET}"')
     for key, value in overrides.items():
         rendered = f'"{value}"' if isinstance(value, str) else str(value).lower()
         lines = [ln for ln in text.splitlines() if not ln.startswith(f"{key} ")]

@@ -50,6 +50,10 @@ class L3KitFixtures(UnifiedRadixCacheStorageFixtures):
         cfg = os.path.join(storage_dir, "l3.toml")
         if not os.path.exists(cfg):
             cfg = write_example_config(storage_dir)
+            with open(cfg) as f:
+                text = f.read().replace('budget = "1GiB"', 'budget = "16MiB"')  # slabs are preallocated
+            with open(cfg, "w") as f:
+                f.write(text)
         extra = {"prefetch_threshold": prefetch_threshold} if prefetch_threshold is not None else None
         server_args = ServerArgs(
             model_path="dummy", page_size=self.cfg.page_size, enable_hierarchical_cache=True,
