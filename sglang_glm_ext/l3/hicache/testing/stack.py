@@ -35,6 +35,7 @@ class StackSpec:
     io_backend: str = "direct"
     draft_layers: int = 0  # packed NextN draft layers (0.5.23 packs them into the KV and indexer pages)
     tree_core_backend: str = "python"
+    device: str = "cpu"  # "cuda" on a GPU node with SGLang: real kernels and pinned host pools, no stand-ins
 
 
 def publish_server_args(spec: StackSpec, *, storage_backend: str | None, extra_config: str | None,
@@ -103,14 +104,15 @@ class DsaStack:
         def dsa_pool(layers):
             return DSATokenToKVPool(
                 size=size, page_size=spec.page_size, kv_lora_rank=spec.kv_lora_rank, dtype=dtype,
-                qk_rope_head_dim=spec.qk_rope_head_dim, layer_num=layers, device="cpu",
+                qk_rope_head_dim=spec.qk_rope_head_dim, layer_num=layers, device=spec.device,
                 index_head_dim=spec.index_head_dim, enable_memory_saver=False, kv_cache_dim=spec.kv_cache_dim,
             )
 
         kv_pool = dsa_pool(spec.layers)
         drafts = tuple(dsa_pool(1) for _ in range(spec.draft_layers))
-        allocator = PagedTokenToKVPoolAllocator(size, spec.page_size, dtype, "cpu", kvcache=kv_pool, need_sort=False)
-        req_pool = ReqToTokenPool(size=4, max_context_len=size + spec.page_size, device="cpu",
+        allocator = PagedTokenToKVPoolAllocator(size, spec.page_size, dtype, spec.device, kvcache=kv_pool,
+                                                need_sort=False)
+        req_pool = ReqToTokenPool(size=4, max_context_len=size + spec.page_size, device=spec.device,
                                   enable_memory_saver=False)
         params = CacheInitParams(
             disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator,
@@ -152,13 +154,15 @@ class DsaStack:
         for pool in (self.kv_pool, *self.draft_pools):
             for buf in pool.kv_buffer:
                 rows = buf[indices]
-                buf[indices] = torch.randint(0, 256, rows.shape, dtype=torch.uint8, generator=g).view(buf.dtype)
+                buf[indices] = torch.randint(0, 256, rows.shape, dtype=torch.uint8, generator=g).to(
+                    buf.device).view(buf.dtype)
             pages = torch.unique(indices // self.spec.page_size)
             for buf in pool.index_k_with_scale_buffer:
                 if buf.numel() == 0:
                     continue
                 rows = buf[pages]
-                buf[pages] = torch.randint(0, 256, rows.shape, dtype=torch.uint8, generator=g).view(buf.dtype)
+                buf[pages] = torch.randint(0, 256, rows.shape, dtype=torch.uint8, generator=g).to(
+                    buf.device).view(buf.dtype)
 
     def snapshot_device(self, indices) -> list:
         """Copies of every layer's KV rows and indexer pages at ``indices``, for byte-exact comparisons."""
