@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import threading
@@ -80,46 +81,70 @@ def parse_extra_config(extra: dict | None) -> dict:
 
 # ---------------------------------------------------------------------------------------------- pending pages
 class PendingPages:
-    """Pages accepted by ``spill`` and not yet known durable, per payload kind.
+    """Pages accepted by ``spill`` and not yet known durable, per payload kind, oldest first.
 
-    Invariant: a key is here only while the store may still make it durable. Entries are stamped with a
-    generation; once the store reports nothing in flight (``inflight() == 0``), every entry stamped before
-    that check is resolved (durable or dropped) and is forgotten. ``wait_durable`` bounds the wait.
+    Invariant: a key is here only while the store may still make it durable, and the set stays bounded by what is
+    in flight. Entries are stamped (generation, time). When the store reports nothing in flight
+    (``inflight() == 0``), every entry stamped before that check is resolved (durable or dropped) and is forgotten;
+    under steady traffic, where the store is never idle, each prune forgets the oldest entries that are durable
+    (one ``exists`` call over at most ``PRUNE_BATCH`` keys per kind) and any older than ``max_age_s`` (a write the
+    store dropped). ``wait_durable`` bounds a reader's wait.
     """
 
-    def __init__(self, inflight: Callable[[], int], durable: Callable[[Any, list], int], max_wait_s: float = 10.0):
+    PRUNE_BATCH = 256
+
+    def __init__(self, inflight: Callable[[], int], durable: Callable[[Any, list], int], max_wait_s: float = 10.0,
+                 max_age_s: float = 60.0):
         self._inflight = inflight
-        self._durable = durable  # (kind, [key]) -> 1 if durable
+        self._durable = durable  # (kind, keys) -> length of the durable prefix
         self._lock = threading.Lock()
         self._gen = 0
-        self._keys: dict[Any, dict[bytes, int]] = {}
+        self._keys: dict[Any, dict[bytes, tuple[int, float]]] = {}
         self.max_wait_s = max_wait_s
+        self.max_age_s = max_age_s
         self.waited = 0  # reads that had to wait for durability (counted, for stats)
 
     def add(self, kind, keys: list[bytes], accepted: list[bool]) -> None:
+        now = time.monotonic()
         with self._lock:
             self._gen += 1
+            stamp = (self._gen, now)
             d = self._keys.setdefault(kind, {})
             for k, ok in zip(keys, accepted):
                 if ok:
-                    d[k] = self._gen
+                    d.pop(k, None)  # re-spilled: move to the young end
+                    d[k] = stamp
 
     def __len__(self) -> int:
         with self._lock:
             return sum(len(d) for d in self._keys.values())
 
     def prune(self) -> None:
-        """Forget every entry the store has resolved. O(1) when nothing is pending."""
+        """Forget entries the store has resolved. O(1) when nothing is pending; bounded work otherwise."""
         with self._lock:
             if not any(self._keys.values()):
                 return
             gen = self._gen
-        if self._inflight() != 0:
+        if self._inflight() == 0:
+            with self._lock:
+                for d in self._keys.values():
+                    for k in [k for k, (g, _) in d.items() if g <= gen]:
+                        del d[k]
             return
-        with self._lock:
-            for d in self._keys.values():
-                for k in [k for k, g in d.items() if g <= gen]:
-                    del d[k]
+        now = time.monotonic()
+        for kind in list(self._keys):
+            with self._lock:
+                d = self._keys.get(kind) or {}
+                oldest = list(itertools.islice(d.items(), self.PRUNE_BATCH))
+            if not oldest:
+                continue
+            durable = self._durable(kind, [k for k, _ in oldest])
+            with self._lock:
+                for i, (k, stamp) in enumerate(oldest):
+                    if i >= durable and now - stamp[1] <= self.max_age_s:
+                        break
+                    if d.get(k) == stamp:
+                        del d[k]
 
     def which(self, kind, keys: list[bytes]) -> list[bool] | None:
         """Per key, whether it is pending; None (no per-key work) when nothing of ``kind`` is."""

@@ -3,6 +3,7 @@ the extra config SGLang's dynamic factory gets."""
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -110,3 +111,23 @@ def test_a_config_edited_after_launch_is_refused_at_attach(l3_config):
         attach.parse_extra_config(extra)
     with pytest.raises(attach.AttachError, match="without the plugin's extra config"):
         attach.parse_extra_config({"backend_name": "x"})
+
+
+def test_pending_pages_stay_bounded_under_traffic_that_never_idles():
+    durable = set()
+    pend = attach.PendingPages(lambda: 1, lambda kind, keys: next((i for i, k in enumerate(keys) if k not in durable),
+                                                                   len(keys)), max_age_s=3600)
+    keys = [i.to_bytes(4, "little") for i in range(1000)]
+    pend.add("kv", keys, [True] * len(keys))
+    durable.update(keys[:900])  # the store finished the oldest 900; it is never idle (inflight stays 1)
+    for _ in range(5):
+        pend.prune()
+    assert len(pend) == 100 and pend.contains("kv", keys[950]) and not pend.contains("kv", keys[0])
+
+
+def test_pending_pages_forget_a_dropped_write_after_max_age():
+    pend = attach.PendingPages(lambda: 1, lambda kind, keys: 0, max_age_s=0.0)
+    pend.add("kv", [b"lost"], [True])
+    time.sleep(0.01)
+    pend.prune()
+    assert len(pend) == 0
