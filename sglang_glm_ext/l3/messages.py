@@ -44,7 +44,8 @@ class Admission(enum.Enum):
 class StagedPage:
     """A page accepted by ``spill`` and not yet finished (durable, deduplicated or failed). ``buf`` holds the
     sealed-to-be slot (header space + payload + zero pad) until the writer finishes it; ``cancelled`` is set by
-    ``free`` / ``clear`` and read by the writer and the committer."""
+    ``free`` / ``clear`` and read by the writer and the committer. ``readers`` counts reloads copying out of
+    ``buf`` right now; a page finished while it is read is ``retired`` and its last reader releases the buffer."""
 
     seq: int
     kind: PayloadKind
@@ -52,6 +53,8 @@ class StagedPage:
     key: bytes  # its index key
     buf: "AlignedBuffer | None"
     cancelled: bool = False
+    readers: int = 0
+    retired: bool = False
 
 
 class Completion(threading.Event):

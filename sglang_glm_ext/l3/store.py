@@ -317,17 +317,25 @@ class L3Store:
         return out
 
     # ------------------------------------------------------------------ exists
-    def exists(self, kind, keys: Sequence) -> int:
-        """Length of the contiguous prefix of ``keys`` whose index entries are committed (durable)."""
+    def exists(self, kind, keys: Sequence, *, include_staged: bool = True) -> int:
+        """Length of the contiguous prefix of ``keys`` that a reload would serve: pages durable (index entry
+        committed) or staged (accepted by ``spill``, not cancelled, not failed). ``include_staged=False``: durable
+        pages only, what "acknowledged" means (tools, durability tests)."""
         try:
-            prefix = self._keys.prefix(PayloadKind.parse(kind))
-            ikeys = []
+            kind = PayloadKind.parse(kind)
+            hashes = []
             for k in keys:
                 try:
-                    ikeys.append(prefix + key_to_bytes(k))
+                    hashes.append(key_to_bytes(k))
                 except ValueError:
                     break
-            return self.index.prefix_len(ikeys)
+            # Staged first, then the index: a page that goes from staged to durable between the two looks is
+            # seen by one of them (finish removes it from staging only after its entry is committed).
+            staged = self._staged.visible(kind, hashes) if include_staged else [False] * len(hashes)
+            rest = [i for i, s in enumerate(staged) if not s]
+            prefix = self._keys.prefix(kind)
+            durable = self.index.prefix_len(prefix + hashes[i] for i in rest)
+            return rest[durable] if durable < len(rest) else len(hashes)
         except Exception:
             self.c.data_path_errors += 1
             return 0
@@ -358,37 +366,48 @@ class L3Store:
             hashes = _content_hashes(keys)
             ikeys = [self._ikey(kind, h) if h is not None else None for h in hashes]
             targets = _per_page(dsts if layout is None else page_indices, n)
-            entries = self.index.get_many(ikeys)
-            jobs: list[tuple[int, Any]] = []
-            for i in range(n):
-                if entries[i] is None:
-                    continue
-                where, refused = (self._destination(st, targets[i]) if layout is None
-                                  else self._page_index(layout, targets[i]))
-                if refused is None:
-                    jobs.append((i, where))
+            # A page still in staging is served from its buffer (reader references, given back below); staged
+            # first, then the index, as in exists().
+            borrowed = self._staged.borrow(kind, hashes)
+            try:
+                entries = self.index.get_many([ik if borrowed[i] is None else None for i, ik in enumerate(ikeys)])
+                jobs: list[tuple[int, Any]] = []
+                for i in range(n):
+                    if entries[i] is None and borrowed[i] is None:
+                        continue
+                    where, refused = (self._destination(st, targets[i]) if layout is None
+                                      else self._page_index(layout, targets[i]))
+                    if refused is None:
+                        jobs.append((i, where))
+                    else:
+                        self.c.reload_bad_dst += 1
+                        self._warn_once("bad_dst", "L3 reload: destination refused (%s); the page is a miss", refused)
+
+                def run(job):
+                    i, where = job
+                    try:
+                        if borrowed[i] is not None:
+                            return self._copy_staged(st, borrowed[i], where, layout)
+                        if layout is None:
+                            return self._reload_one(st, hashes[i], entries[i], where, None, None)
+                        return self._reload_one(st, hashes[i], entries[i], None, layout, where)
+                    except Exception:  # EIO on read, ... -> miss
+                        return False, ReloadMiss.ERROR
+
+                # Run.
+                if len(jobs) > 1 and self.config.reload_threads > 1:
+                    results = list(self._reads.pool.map(run, jobs))
                 else:
-                    self.c.reload_bad_dst += 1
-                    self._warn_once("bad_dst", "L3 reload: destination refused (%s); the page is a miss", refused)
-
-            def run(job):
-                i, where = job
-                try:
-                    if layout is None:
-                        return self._reload_one(st, hashes[i], entries[i], where, None, None)
-                    return self._reload_one(st, hashes[i], entries[i], None, layout, where)
-                except Exception:  # EIO on read, ... -> miss
-                    return False, ReloadMiss.ERROR
-
-            # Run.
-            if len(jobs) > 1 and self.config.reload_threads > 1:
-                results = list(self._reads.pool.map(run, jobs))
-            else:
-                results = [run(job) for job in jobs]
+                    results = [run(job) for job in jobs]
+            finally:
+                self._staged.give_back(borrowed)
             ts = now_us()
             touched, bad = [], []
             for (i, _), (ok, why) in zip(jobs, results):
-                if ok:
+                if ok and borrowed[i] is not None:
+                    out[i] = True
+                    self.c.reload_from_staging += 1
+                elif ok:
                     out[i] = True
                     touched.append((ikeys[i], Touch(entries[i], ts)))
                 elif why is ReloadMiss.ERROR:
@@ -432,6 +451,17 @@ class L3Store:
             np.copyto(dst[:st.page_bytes], np.frombuffer(payload, dtype=np.uint8))
         else:
             layout.scatter_from(pidx, payload)
+        return True, BlobCheck.OK
+
+    @staticmethod
+    def _copy_staged(st: KindState, page, dst, layout) -> tuple[bool, Any]:
+        """Deliver a staged page (the caller holds a reader reference) from its staging buffer's payload. No verify:
+        these bytes never left memory."""
+        if layout is None:
+            np.copyto(dst[:st.page_bytes], np.frombuffer(page.buf.view, dtype=np.uint8, count=st.page_bytes,
+                                                         offset=HEADER_SIZE))
+        else:
+            layout.scatter_from(dst, page.buf.view, HEADER_SIZE)
         return True, BlobCheck.OK
 
     def _warn_once(self, what: str, msg: str, *args) -> None:
