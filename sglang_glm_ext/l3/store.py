@@ -26,15 +26,19 @@ Invariants (the crash-safety argument is in docs_internal/l3_design.md):
    index value) costs only its own page. Bad configuration raises at ``open``.
 5. A blob is checked against the page asked for AND this deployment (``Namespace.digest_for``); reload returns
    True only when the verified bytes are in the caller's own buffer (C-contiguous, writable, large enough).
-6. One live store per (index, deployment, rank), on the node and in the process (``OwnerLock``).
+6. One live store per (index, deployment, rank), on the node and in the process (``OwnerLock``). In the process
+   it is shared: ``L3Store.open`` hands out counted handles onto the one ``SharedStore`` (same config, namespace and
+   kinds, else refused), its cold start runs at the first open, and the last handle's close closes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import itertools
 import logging
 import os
+import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -60,7 +64,8 @@ from .writer import Writer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["L3Store", "L3StoreError", "L3OwnerLockedError", "ReadOnlySlab", "slab_path", "read_slab_meta"]
+__all__ = ["L3Store", "SharedStore", "L3StoreError", "L3OwnerLockedError", "ReadOnlySlab", "slab_path",
+           "read_slab_meta"]
 
 # Kept importable from here for callers written against the single-file store; their homes are in the imports.
 ReadOnlySlab = SlabReader
@@ -86,24 +91,24 @@ def _per_page(seq, n: int) -> list:
     return (items + [None] * n)[:n]
 
 
-class L3Store:
-    """One rank's view of the L3 tier. Build with :meth:`open`."""
+def _parse_kinds(page_bytes: Mapping[PayloadKind | str, int]) -> dict[PayloadKind, int]:
+    kinds: dict[PayloadKind, int] = {}
+    for k, n in page_bytes.items():
+        try:
+            kind = PayloadKind.parse(k)
+        except ValueError as e:
+            raise L3ConfigError(f"page_bytes: {e}") from None
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise L3ConfigError(f"page_bytes.{kind.label}: expected a positive int, got {n!r}")
+        kinds[kind] = n
+    if not kinds:
+        raise L3ConfigError("page_bytes: at least one payload kind is required")
+    return kinds
 
-    # ------------------------------------------------------------------ open
-    @classmethod
-    def open(cls, config: L3Config, *, rank: int, namespace: Namespace,
-             page_bytes: Mapping[PayloadKind | str, int], cold_start: str | None = None) -> "L3Store":
-        """Open this rank's slabs, check PLP, open the index, apply the cold-start policy, start the writer.
 
-        Every failure here is loud (:class:`L3StoreError` / :class:`L3ConfigError`). ``cold_start`` overrides the
-        config's mode (tests and tools; the config already carries SGLANG_CP_L3_COLD_START).
-
-        A second open of the same (index, deployment, rank) in this process is refused with
-        ``L3OwnerLockedError.in_this_process``; a caller that shares one store per (config, rank) among several
-        users finds the live one with :meth:`find_open`. Sharing inside ``open`` (a reference-counted handle that
-        checks namespace and kinds match) would go here, before the owner lock is taken.
-        """
-        return cls(config, rank=rank, namespace=namespace, page_bytes=page_bytes, cold_start=cold_start)
+class SharedStore:
+    """One rank's view of the L3 tier: the one store of (index, deployment, rank) in this process. Callers never
+    build it: :meth:`L3Store.open` does, once, and hands out counted :class:`L3Store` handles onto it."""
 
     def __init__(self, config: L3Config, *, rank: int, namespace: Namespace,
                  page_bytes: Mapping[PayloadKind | str, int], cold_start: str | None = None):
@@ -115,20 +120,12 @@ class L3Store:
         mode = cold_start or config.cold_start
         if mode not in COLD_START_MODES:
             raise L3ConfigError(f"cold_start: unknown mode {mode!r} (expected 'clear' or 'load')")
-        kinds: dict[PayloadKind, int] = {}
-        for k, n in page_bytes.items():
-            try:
-                kind = PayloadKind.parse(k)
-            except ValueError as e:
-                raise L3ConfigError(f"page_bytes: {e}") from None
-            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-                raise L3ConfigError(f"page_bytes.{kind.label}: expected a positive int, got {n!r}")
-            kinds[kind] = n
-        if not kinds:
-            raise L3ConfigError("page_bytes: at least one payload kind is required")
+        kinds = _parse_kinds(page_bytes)
 
         self.config = config
         self.rank = rank
+        self.refs = 0  # L3Store handles open on it (L3Store.open / close, under _OPEN_LOCK)
+        self.owner_path = OwnerLock.path_for(config.index_path, config.deployment_id, rank)
         self.namespace = namespace
         # Every blob is sealed with, and checked against, a digest of the namespace AND the deployment: a blob of
         # another deployment never verifies here even if the two ever share slab files.
@@ -164,14 +161,6 @@ class L3Store:
         except BaseException:
             self._close_files()
             raise
-
-    @classmethod
-    def find_open(cls, config: L3Config, rank: int) -> "L3Store | None":
-        """The store this process has open for (config's index, deployment, rank), or None. A caller that must
-        share one store per (config, rank) per process (the HiCache backend) looks here before :meth:`open`."""
-        lock = OwnerLock.find(config.index_path, config.deployment_id, rank)
-        store = lock.owner if lock is not None else None
-        return store if isinstance(store, cls) and not store._closed else None
 
     def _open_owned(self, kinds: dict[PayloadKind, int], slot_bytes, nslots, sdir: str, mode: str) -> None:
         """The rest of open, run once this store owns (deployment, rank): slabs, PLP, index, cold start, threads."""
@@ -555,8 +544,163 @@ class L3Store:
             self._owner.release()
             self._owner = None
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def incompatibility(self, config: L3Config, namespace: Namespace, kinds: Mapping[PayloadKind, int]) -> str:
+        """'' when an opener asking for (config, namespace, kinds) can share this store, else what differs (both
+        sides named). Kinds this store has and the opener does not ask for are fine."""
+        if config != self.config:
+            diff = [f"{f.name} {getattr(self.config, f.name)!r} vs {getattr(config, f.name)!r}"
+                    for f in dataclasses.fields(L3Config) if f.compare
+                    and getattr(self.config, f.name) != getattr(config, f.name)]
+            return (f"another config ({self.config.source} vs {config.source}: {'; '.join(diff)})")
+        ns = namespace.digest_for(config.deployment_id)
+        if ns != self.ns:
+            return f"another namespace (digest {self.ns.hex()} open, {ns.hex()} asked; {self.namespace} vs {namespace})"
+        have = {k: st.page_bytes for k, st in self._kinds.items()}
+        bad = {k.label: (have[k], n) for k, n in kinds.items() if k in have and have[k] != n}
+        missing = [k.label for k in kinds if k not in have]
+        if bad or missing:
+            return (f"other payload kinds (open: {_kinds_text(have)}; asked: {_kinds_text(kinds)})")
+        return ""
+
+
+def _kinds_text(kinds: Mapping[PayloadKind, int]) -> str:
+    return ", ".join(f"{k.label}={n} B" for k, n in sorted(kinds.items()))
+
+
+# (owner lock path: index, deployment, rank) -> this process's SharedStore there. Open, share and the last close
+# happen under _OPEN_LOCK, so an open never races a close of the same store.
+_OPEN: dict[str, SharedStore] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+class L3Store:
+    """A handle onto this process's one store of (index, deployment, rank): what callers hold. Build with
+    :meth:`open`; close each handle once (closing it again does nothing). Every handle of a store sees the same
+    pages, counters and cold start; ``clear`` through any handle clears that one shared cache. After a handle is
+    closed its data-path calls are misses and dropped writes (never exceptions), whatever other handles do."""
+
+    __slots__ = ("_shared", "_closed")
+
+    def __init__(self, shared: SharedStore):
+        self._shared = shared
+        self._closed = False
+
+    # ------------------------------------------------------------------ open / find / close
+    @classmethod
+    def open(cls, config: L3Config, *, rank: int, namespace: Namespace,
+             page_bytes: Mapping[PayloadKind | str, int], cold_start: str | None = None) -> "L3Store":
+        """A handle onto this rank's store. The first open in this process takes the owner lock, opens the slabs,
+        checks PLP, opens the index, applies the cold-start policy and starts the writer; a later open of the same
+        (index, deployment, rank) joins that store (its ``cold_start`` is not applied again) if it asks for the
+        same config, namespace and payload kinds, and is refused with ``L3OwnerLockedError.in_this_process``
+        naming both sides otherwise. Another live process owning it is refused as ever
+        (``in_this_process=False``). Every failure here is loud (:class:`L3StoreError` / :class:`L3ConfigError`).
+        ``cold_start`` overrides the config's mode (tests and tools; the config already carries
+        SGLANG_CP_L3_COLD_START)."""
+        if not isinstance(config, L3Config):
+            raise L3ConfigError(f"<config>: expected L3Config, got {type(config).__name__}")
+        config.check_rank(rank)
+        if not isinstance(namespace, Namespace):
+            raise L3ConfigError(f"namespace: expected format.Namespace, got {type(namespace).__name__}")
+        kinds = _parse_kinds(page_bytes)
+        path = OwnerLock.path_for(config.index_path, config.deployment_id, rank)
+        with _OPEN_LOCK:
+            shared = _OPEN.get(path)
+            if shared is None:
+                shared = SharedStore(config, rank=rank, namespace=namespace, page_bytes=kinds, cold_start=cold_start)
+                _OPEN[path] = shared
+            else:
+                why = shared.incompatibility(config, namespace, kinds)
+                if why:
+                    raise L3OwnerLockedError(
+                        f"deployment {config.deployment_id!r} rank {rank} on the L3 index {config.index_path!r} is "
+                        f"open in this process with {why}; one store per (index, deployment, rank) per process: "
+                        "open it with the same config, namespace and payload kinds to share it, or give the "
+                        "other cache its own deployment_id",
+                        holder={"pid": os.getpid(), "slab_dir": shared.config.slab_dir(rank)}, in_this_process=True)
+            shared.refs += 1
+            return cls(shared)
+
+    @classmethod
+    def find_open(cls, config: L3Config, rank: int) -> "SharedStore | None":
+        """The store this process has open for (config's index, deployment, rank), or None. For inspection: it
+        takes no reference (a user of the store opens its own handle with :meth:`open`)."""
+        with _OPEN_LOCK:
+            return _OPEN.get(OwnerLock.path_for(config.index_path, config.deployment_id, rank))
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Drop this handle's reference, once; the last one flushes and closes the store (its slab, owner and index
+        locks are released)."""
+        with _OPEN_LOCK:
+            if self._closed:
+                return
+            self._closed = True
+            shared = self._shared
+            shared.refs -= 1
+            if shared.refs > 0:
+                return
+            if _OPEN.get(shared.owner_path) is shared:
+                del _OPEN[shared.owner_path]
+            shared.close(timeout)
+
+    @property
+    def shared(self) -> SharedStore:
+        return self._shared
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def __enter__(self) -> "L3Store":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def __getattr__(self, name: str):
+        # Diagnostics and tests read the store's own state (config, rank, namespace, index, counters...).
+        return getattr(self._shared, name)
+
+    # ------------------------------------------------------------------ the caller API (SharedStore documents it)
+    def spill(self, kind, keys: Sequence, pages: Sequence) -> list[bool]:
+        return _dropped(keys) if self._closed else self._shared.spill(kind, keys, pages)
+
+    def spill_from_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int]) -> list[bool]:
+        return _dropped(keys) if self._closed else self._shared.spill_from_layout(kind, keys, layout, page_indices)
+
+    def exists(self, kind, keys: Sequence, *, include_staged: bool = True) -> int:
+        return 0 if self._closed else self._shared.exists(kind, keys, include_staged=include_staged)
+
+    def reload_into(self, kind, keys: Sequence, dsts: Sequence) -> list[bool]:
+        return _dropped(keys) if self._closed else self._shared.reload_into(kind, keys, dsts)
+
+    def reload_into_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int]) -> list[bool]:
+        return _dropped(keys) if self._closed else self._shared.reload_into_layout(kind, keys, layout, page_indices)
+
+    def free(self, kind, keys: Sequence) -> None:
+        if not self._closed:
+            self._shared.free(kind, keys)
+
+    def clear(self, timeout: float = 60.0) -> bool:
+        return False if self._closed else self._shared.clear(timeout)
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        return False if self._closed else self._shared.flush(timeout)
+
+    def stats(self) -> dict:
+        return self._shared.stats()
+
+    def slab(self, kind) -> Any:
+        return self._shared.slab(kind)
+
+
+def _dropped(keys) -> list[bool]:
+    """What a closed handle answers: one False per key (a dropped write or a miss), never an exception."""
+    try:
+        return [False] * len(list(keys))
+    except TypeError:
+        return []

@@ -319,9 +319,15 @@ def test_bad_open_arguments_are_loud(tmp_path):
         L3Store.open(cfg(tmp_path, slots=1), rank=0, namespace=NS, page_bytes={K: 10 * PB})
 
 
-def test_second_opener_of_the_same_rank_gets_a_clear_error(tmp_path, store):
-    with pytest.raises(L3StoreError, match="locked"):
-        L3Store.open(cfg(tmp_path), rank=0, namespace=NS, page_bytes={K: PB})
+def test_second_opener_of_the_same_rank_shares_or_gets_a_clear_error(tmp_path, store):
+    # Issue 10 (N2): the same config, namespace and kinds share the one store of this process...
+    again = L3Store.open(cfg(tmp_path), rank=0, namespace=NS, page_bytes={K: PB})
+    assert again.shared is store.shared
+    again.close()
+    # ...anything else is refused, loudly, before it can touch the live store's slabs or entries.
+    other = Namespace("glm5", "fp8", "page_first", 64, 0, 78, "tp0")
+    with pytest.raises(L3StoreError, match="open in this process with another namespace"):
+        L3Store.open(cfg(tmp_path), rank=0, namespace=other, page_bytes={K: PB})
 
 
 def test_plp_required_refuses_an_unsafe_disk(tmp_path):
