@@ -493,6 +493,15 @@ class SharedStore:
         """This rank's writable ``DiskSlab`` for ``kind`` (fault injection in tests, diagnostics)."""
         return self._kinds[PayloadKind.parse(kind)].slab
 
+    def locate(self, kind, key) -> "tuple[int, int, int] | None":
+        """Where a durable page lives: (rank, disk, slot) of its committed index entry, or None (absent, only
+        staged, or a key that is not one). For tools and tests (fsck, fault injection); not the data path."""
+        try:
+            e = self.index.get(self._ikey(PayloadKind.parse(kind), key_to_bytes(key)))
+        except Exception:
+            return None
+        return None if e is None else (e.rank, e.disk, e.slot)
+
     # ------------------------------------------------------------------ stats / close
     def stats(self) -> dict:
         with self._staged.cond:
@@ -502,6 +511,7 @@ class SharedStore:
             "rank": self.rank,
             "disk": self.disk,
             "cold_start": self.cold_start,
+            "cold_start_loaded_pages": self.loaded_pages,  # pages a `load` cold start kept (0 after `clear`)
             "io_mode": {k.label: getattr(st.slab, "io_mode", None) for k, st in self._kinds.items()},
             "slots": {k.label: {"used": st.pool.used, "total": st.pool.total} for k, st in self._kinds.items()},
             "inflight": inflight,
@@ -696,6 +706,9 @@ class L3Store:
 
     def slab(self, kind) -> Any:
         return self._shared.slab(kind)
+
+    def locate(self, kind, key) -> "tuple[int, int, int] | None":
+        return self._shared.locate(kind, key)
 
 
 def _dropped(keys) -> list[bool]:
