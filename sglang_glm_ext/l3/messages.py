@@ -4,6 +4,7 @@
 
     caller    --StagedPage------------------> writer      Staging's write queue; the bytes sit in a staging buffer
     caller    --FreePages/ClearRank/Barrier--> writer      Writer.post; each one is acknowledged, also when it fails
+              /AddKind
     caller    --Touch / bad IndexEntry-------> writer      Writer.note_reloads; one slot per page, latest wins
     writer    --[PendingWrite]---------------> committer   a bounded queue: a slow disk stalls the writer, never a caller
     committer --[WriteResult]----------------> writer      the writer alone applies them to the pools and the LRU
@@ -27,7 +28,7 @@ from .index import IndexEntry
 if TYPE_CHECKING:
     from .kinds import KindState
 
-__all__ = ["Admission", "StagedPage", "FreePages", "ClearRank", "Barrier", "ControlOp", "Completion", "Touch",
+__all__ = ["Admission", "StagedPage", "FreePages", "ClearRank", "Barrier", "AddKind", "ControlOp", "Completion", "Touch",
            "Failure", "failure", "PendingWrite", "WriteOutcome", "WriteResult", "ReloadMiss"]
 
 
@@ -83,7 +84,17 @@ class Barrier:
     name: ClassVar[str] = "barrier"
 
 
-ControlOp = Union[FreePages, ClearRank, Barrier]
+@dataclass(frozen=True)
+class AddKind:
+    """A payload kind the store added after open (``add_kind``): its slab and pool, loaded already; from now on the
+    writer owns them."""
+
+    state: "KindState"
+    done: Completion
+    name: ClassVar[str] = "add_kind"
+
+
+ControlOp = Union[FreePages, ClearRank, Barrier, AddKind]
 
 
 class Touch(NamedTuple):

@@ -37,6 +37,12 @@ class StagingPool:
         self.in_use = 0
         self.peak_allocated = 0
 
+    def add_kind(self, kind: PayloadKind, size: int) -> None:
+        """Buffers of one more kind (``L3Store.add_kind``), under the same byte cap."""
+        with self._lock:
+            self.sizes.setdefault(kind, size)
+            self._free.setdefault(kind, [])
+
     def acquire(self, kind: PayloadKind) -> AlignedBuffer | None:
         size = self.sizes[kind]
         with self._lock:

@@ -53,7 +53,7 @@ from .format import FORMAT_VERSION, HEADER_SIZE, BlobCheck, Namespace, PayloadKi
 from .fsutil import make_private_dirs
 from .index import KeySpace, L3Index, deployment_tag, now_us
 from .kinds import KindState, PageLRU
-from .messages import Admission, ClearRank, Completion, FreePages, ReloadMiss, Touch
+from .messages import AddKind, Admission, ClearRank, Completion, FreePages, ReloadMiss, Touch
 from .owner import OwnerLock, OwnerLockHeld
 from .reload import SlabReads
 from .slab_dir import check_slab_owner, read_slab_meta, slab_path, write_slab_meta
@@ -139,6 +139,7 @@ class SharedStore:
         self._keys = KeySpace(self.dep, self.ns)
         self._kinds: dict[PayloadKind, KindState] = {}
         self._reads: SlabReads | None = None
+        self._add_lock = threading.Lock()
         self.index: L3Index | None = None
         self._owner: OwnerLock | None = None
 
@@ -181,20 +182,10 @@ class SharedStore:
         except Exception as e:
             raise L3StoreError(f"disks[{self.disk}]: power-loss protection check failed: {e}") from e
 
-        direct = {"auto": "auto", "on": True, "off": False}[config.direct_io]
-        seq = itertools.count(1)  # one LRU push order across the kinds
+        self._seq = itertools.count(1)  # one LRU push order across the kinds
         try:
             for kind, pb in kinds.items():
-                path = slab_path(config, rank, kind)
-                n = nslots[kind.label]
-                slab = DiskSlab.open(path, slot_bytes=slot_bytes[kind], num_slots=n, create=True, direct=direct)
-                self._kinds[kind] = KindState(kind, pb, slot_bytes[kind], n, slab, SlotPool(n), PageLRU(seq))
-                check_slab_owner(path, config.deployment_id, rank)
-                write_slab_meta(path, {
-                    "format_version": FORMAT_VERSION, "kind": kind.label, "slot_bytes": slot_bytes[kind],
-                    "num_slots": n, "page_bytes": pb, "deployment_id": config.deployment_id,
-                    "rank": rank, "disk": self.disk, "ns_digest": self.ns.hex(),
-                })
+                self._kinds[kind] = self._open_kind(kind, pb, slot_bytes[kind], nslots[kind.label])
             self.index = L3Index.open(config.index_path, config.index_map_size)
         except Exception as e:
             self._close_files()
@@ -203,8 +194,10 @@ class SharedStore:
             raise L3StoreError(f"L3 store open failed for rank {rank}: {type(e).__name__}: {e}") from e
 
         # Cold start runs single-threaded, BEFORE the writer exists: the writer is the sole pool/LRU owner after.
+        # Entries of kinds the config sizes alone but that are not open yet wait for add_kind (load_kind).
+        deferred = [k for k in map(PayloadKind.parse, config.addable_kinds) if k not in self._kinds]
         try:
-            done = coldstart.apply(mode, self.index, self._keys, rank, self.disk, self._kinds)
+            done = coldstart.apply(mode, self.index, self._keys, rank, self.disk, self._kinds, deferred)
         except Exception as e:
             self._close_files()
             raise L3StoreError(f"cold_start={mode}: failed for rank {rank}: {type(e).__name__}: {e}") from e
@@ -217,6 +210,67 @@ class SharedStore:
         self._writer = Writer(config, rank=rank, disk=self.disk, keys=self._keys, index=self.index,
                               kinds=self._kinds, staged=self._staged, counters=self.c)
         self._writer.start()
+
+    def _open_kind(self, kind: PayloadKind, page_bytes: int, slot_bytes: int, num_slots: int) -> KindState:
+        """This rank's slab of one kind (created or checked against its geometry) and its sidecar."""
+        config, rank = self.config, self.rank
+        path = slab_path(config, rank, kind)
+        direct = {"auto": "auto", "on": True, "off": False}[config.direct_io]
+        slab = DiskSlab.open(path, slot_bytes=slot_bytes, num_slots=num_slots, create=True, direct=direct)
+        state = KindState(kind, page_bytes, slot_bytes, num_slots, slab, SlotPool(num_slots), PageLRU(self._seq))
+        try:
+            check_slab_owner(path, config.deployment_id, rank)
+            write_slab_meta(path, {
+                "format_version": FORMAT_VERSION, "kind": kind.label, "slot_bytes": slot_bytes,
+                "num_slots": num_slots, "page_bytes": page_bytes, "deployment_id": config.deployment_id,
+                "rank": rank, "disk": self.disk, "ns_digest": self.ns.hex(),
+            })
+        except BaseException:
+            slab.close()
+            raise
+        return state
+
+    def add_kind(self, kind, page_bytes: int, timeout: float = 30.0) -> None:
+        """Serve one more payload kind from now on (SGLang registers sidecar draft host pools after the storage
+        attach). Its slab is sized by the config alone (``L3Config.slots_for_kind``: ``payload_weights``), so it is
+        the same slab whether the kind is added later or opened with the others. Under ``load`` its durable pages
+        from before are kept (slot headers checked), as at open. Idempotent for the same page size; loud
+        (:class:`L3ConfigError` / :class:`L3StoreError`) for a size it cannot hold or a rule that cannot size it.
+        The writer takes the new pool over through its control queue, so it stays the pools' only owner."""
+        kind = _parse_kinds({kind: page_bytes}).popitem()[0]
+        with self._add_lock:
+            st = self._kinds.get(kind)
+            if st is not None:
+                if st.page_bytes != page_bytes:
+                    raise L3StoreError(f"payload kind {kind.label} is open with {st.page_bytes} B pages; "
+                                       f"{page_bytes} B asked (one geometry per kind and namespace)")
+                return
+            if self._closed:
+                raise L3StoreError(f"rank {self.rank}'s L3 store is closed; cannot add {kind.label}")
+            sb = slot_bytes_for(page_bytes)
+            n = self.config.slots_for_kind(self.rank, kind.label, sb)
+            try:
+                state = self._open_kind(kind, page_bytes, sb, n)
+            except (L3StoreError, L3ConfigError):
+                raise
+            except Exception as e:
+                raise L3StoreError(f"add_kind {kind.label} for rank {self.rank}: {type(e).__name__}: {e}") from e
+            try:
+                loaded = 0
+                if self.cold_start == "load":
+                    loaded = coldstart.load_kind(self.index, self._keys, self.rank, self.disk, state).loaded_pages
+                self._staging.add_kind(kind, sb)
+                self._reads.add_kind(kind, sb)
+                done = Completion()
+                self._writer.post(AddKind(state, done))
+                if not done.wait(timeout) or not done.ok:
+                    raise L3StoreError(f"add_kind {kind.label}: the writer did not take the new pool over in "
+                                       f"{timeout} s")
+            except BaseException:
+                if kind not in self._kinds:
+                    state.slab.close()
+                raise
+            self.loaded_pages += loaded
 
     def _ikey(self, kind: PayloadKind, content_hash: bytes) -> bytes:
         return self._keys.key(kind, content_hash)
@@ -504,6 +558,7 @@ class SharedStore:
 
     # ------------------------------------------------------------------ stats / close
     def stats(self) -> dict:
+        kinds = list(self._kinds.items())  # one C-level copy: the writer may add a kind meanwhile (add_kind)
         with self._staged.cond:
             qdepth = len(self._staged.queue)
             inflight = self._staged.inflight
@@ -512,8 +567,8 @@ class SharedStore:
             "disk": self.disk,
             "cold_start": self.cold_start,
             "cold_start_loaded_pages": self.loaded_pages,  # pages a `load` cold start kept (0 after `clear`)
-            "io_mode": {k.label: getattr(st.slab, "io_mode", None) for k, st in self._kinds.items()},
-            "slots": {k.label: {"used": st.pool.used, "total": st.pool.total} for k, st in self._kinds.items()},
+            "io_mode": {k.label: getattr(st.slab, "io_mode", None) for k, st in kinds},
+            "slots": {k.label: {"used": st.pool.used, "total": st.pool.total} for k, st in kinds},
             "inflight": inflight,
             "write_queue_depth": qdepth,
             **self._writer.stats(),
@@ -560,7 +615,8 @@ class SharedStore:
 
     def incompatibility(self, config: L3Config, namespace: Namespace, kinds: Mapping[PayloadKind, int]) -> str:
         """'' when an opener asking for (config, namespace, kinds) can share this store, else what differs (both
-        sides named). Kinds this store has and the opener does not ask for are fine."""
+        sides named). Kinds this store has and the opener does not ask for are fine; kinds it lacks are added
+        (``add_kind``) by :meth:`L3Store.open`."""
         if config != self.config:
             diff = [f"{f.name} {getattr(self.config, f.name)!r} vs {getattr(config, f.name)!r}"
                     for f in dataclasses.fields(L3Config) if f.compare
@@ -569,11 +625,9 @@ class SharedStore:
         ns = namespace.digest_for(config.deployment_id)
         if ns != self.ns:
             return f"another namespace (digest {self.ns.hex()} open, {ns.hex()} asked; {self.namespace} vs {namespace})"
-        have = {k: st.page_bytes for k, st in self._kinds.items()}
-        bad = {k.label: (have[k], n) for k, n in kinds.items() if k in have and have[k] != n}
-        missing = [k.label for k in kinds if k not in have]
-        if bad or missing:
-            return (f"other payload kinds (open: {_kinds_text(have)}; asked: {_kinds_text(kinds)})")
+        have = {k: st.page_bytes for k, st in list(self._kinds.items())}
+        if any(k in have and have[k] != n for k, n in kinds.items()):
+            return f"other payload kinds (open: {_kinds_text(have)}; asked: {_kinds_text(kinds)})"
         return ""
 
 
@@ -606,8 +660,9 @@ class L3Store:
         """A handle onto this rank's store. The first open in this process takes the owner lock, opens the slabs,
         checks PLP, opens the index, applies the cold-start policy and starts the writer; a later open of the same
         (index, deployment, rank) joins that store (its ``cold_start`` is not applied again) if it asks for the
-        same config, namespace and payload kinds, and is refused with ``L3OwnerLockedError.in_this_process``
-        naming both sides otherwise. Another live process owning it is refused as ever
+        same config and namespace and the same page size for every kind both know (a kind the store lacks is
+        added, where the config's budget rule can size it alone), and is refused with
+        ``L3OwnerLockedError.in_this_process`` naming both sides otherwise. Another live process owning it is refused as ever
         (``in_this_process=False``). Every failure here is loud (:class:`L3StoreError` / :class:`L3ConfigError`).
         ``cold_start`` overrides the config's mode (tests and tools; the config already carries
         SGLANG_CP_L3_COLD_START)."""
@@ -625,6 +680,13 @@ class L3Store:
                 _OPEN[path] = shared
             else:
                 why = shared.incompatibility(config, namespace, kinds)
+                if not why:
+                    try:
+                        for k, n in kinds.items():
+                            shared.add_kind(k, n)  # a no-op for the kinds it has
+                    except (L3ConfigError, L3StoreError) as e:
+                        have = {k: st.page_bytes for k, st in list(shared._kinds.items())}
+                        why = f"other payload kinds (open: {_kinds_text(have)}; asked: {_kinds_text(kinds)}): {e}"
                 if why:
                     raise L3OwnerLockedError(
                         f"deployment {config.deployment_id!r} rank {rank} on the L3 index {config.index_path!r} is "
@@ -709,6 +771,11 @@ class L3Store:
 
     def locate(self, kind, key) -> "tuple[int, int, int] | None":
         return self._shared.locate(kind, key)
+
+    def add_kind(self, kind, page_bytes: int, timeout: float = 30.0) -> None:
+        if self._closed:
+            raise L3StoreError("this L3Store handle is closed")
+        self._shared.add_kind(kind, page_bytes, timeout)
 
 
 def _dropped(keys) -> list[bool]:
