@@ -5,16 +5,21 @@ SGLang builds it through ``--hicache-storage-backend dynamic`` (the plugin's fla
 then registers the anchor KV pool (``register_mem_pool_host``) and every pool of the ``HostPoolGroup``
 (``register_mem_host_pool_v2``), and calls :meth:`on_host_pools_registered`, where the backend decides everything
 once (plan): which pools it serves and how their pages map to ``PageLayout``s, the namespace, the payload kinds,
-the L3 rank; then it opens (or joins) the one store of this (config, rank). Anything it cannot serve raises there,
-which fails the attach loudly, before serving.
+the L3 rank; then it opens a handle onto the process's one store of this (config, rank) (``L3Store.open`` shares
+it among every controller that attaches). Anything it cannot serve raises there, which fails the attach loudly,
+before serving. A sidecar draft pool SGLang registers after that (``maybe_register_hicache_draft`` at startup) gets
+its payload kind added to the open store (``L3Store.add_kind``) or is refused the same way.
 
 Call map (run, no decisions left):
 
 * KV pages, zero-copy v1 (``interface_v1``): ``batch_set_v1`` -> ``L3Store.spill_from_layout`` (gather straight
   from the host pool into the engine's staging), ``batch_get_v1`` -> ``reload_into_layout`` (verify, scatter
-  straight into the host pool), ``batch_exists`` -> ``exists`` (+ pages spilled and not yet durable).
+  straight into the host pool), ``batch_exists`` -> ``exists``. A page is visible to both as soon as
+  ``batch_set`` returned: the store serves it from staging until it is durable.
 * DSA indexer (and sidecar draft) pools, v2 in the same batch under the same keys: ``batch_set_v2`` /
-  ``batch_get_v2`` / ``batch_exists_v2`` on the pool's own payload kind.
+  ``batch_get_v2`` / ``batch_exists_v2`` on the pool's own payload kind. A sidecar draft pool's keys are bound to
+  its byte format (``keys.pool_keys``), which is kept out of the store's namespace: the store's namespace is the
+  same whether SGLang registered the pool before or after the store opened.
 * Generic ``get`` / ``set`` / ``batch_*``: SGLang's flat page (``get_data_page``) has the same byte order as the v1
   payload for every served layout (tested), so both paths read each other's pages.
 
@@ -45,9 +50,10 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from ..config import L3Config, L3ConfigError
+from ..errors import L3StoreError
 from ..format import PayloadKind
-from .attach import REGISTRY, AttachError, SharedStore, parse_extra_config
-from .keys import NamespaceSpec, ShardIdentity, storage_key, storage_keys
+from .attach import AttachError, parse_extra_config
+from .keys import NamespaceSpec, ShardIdentity, pool_keys, pool_tag, storage_key, storage_keys
 from .layouts import Buffer, LayoutRefused, PoolGeometry, PoolPlan, plan_pool
 
 logger = logging.getLogger("sglang_glm_ext")
@@ -60,12 +66,14 @@ POOL_KINDS: dict[str, PayloadKind] = {
     PoolName.DRAFT.value: PayloadKind.DRAFT_KV,
     PoolName.DRAFT_INDEXER.value: PayloadKind.DRAFT_INDEX_K,
 }
+# Sidecar draft pools (non-NextN EAGLE): SGLang registers them after the storage attach at startup.
+SIDECAR_POOLS = (PoolName.DRAFT.value, PoolName.DRAFT_INDEXER.value)
 _SAMPLES = 1024  # per get_stats() interval; older samples of a long interval are dropped, never grow memory
 
 
 class _Counters:
     __slots__ = ("set_pages", "set_dropped", "get_pages", "get_hits", "get_misses", "exists_calls",
-                 "bad_indices", "unknown_pool", "errors", "pending_waits", "not_ready")
+                 "bad_indices", "unknown_pool", "errors", "not_ready")
 
     def __init__(self):
         for name in self.__slots__:
@@ -209,9 +217,10 @@ class L3HiCacheStorage(HiCacheStorage):
         self.pools: dict[str, Any] = {}
         self.plans: dict[str, PoolPlan] = {}
         self.kinds: dict[str, PayloadKind] = {}
+        self._tags: dict[str, bytes | None] = {}  # sidecar pools: the format tag their keys are bound to
         self.namespace: NamespaceSpec | None = None
         self.rank: int | None = None
-        self.shared: SharedStore | None = None
+        self._store = None  # an L3Store handle (this attach's reference on the process's shared store)
         self._kv: PoolPlan | None = None
         self._ready = False
         self._closed = False
@@ -235,14 +244,16 @@ class L3HiCacheStorage(HiCacheStorage):
         if known is not None:
             raise AttachError(f"sglang-glm-ext L3 backend: host pool {name!r} registered twice with different pools")
         if self._ready:
-            # The store's payload kinds and slab geometry are fixed at open; a pool after that (a sidecar draft
-            # pool registered after the storage attach) cannot get a slab of its own without the store change in
-            # docs_internal/l3_hicache.md (store need N4: add a payload kind after open).
-            raise AttachError(
-                f"sglang-glm-ext L3 backend: host pool {name!r} ({type(pool).__name__}) was registered after the "
-                "L3 store opened. Sidecar draft pools are served when they exist at attach (runtime attach); at "
-                "startup, use packed MTP (GLM-5's NextN layers ride in the KV and indexer pages) or launch without "
-                "--enable-cp-l3")
+            # SGLang registers sidecar draft pools after the storage attach at startup: their kinds join the store.
+            if name not in SIDECAR_POOLS:
+                raise AttachError(
+                    f"sglang-glm-ext L3 backend: host pool {name!r} ({type(pool).__name__}) was registered after "
+                    f"the L3 store opened; only the sidecar draft pools ({', '.join(SIDECAR_POOLS)}) may come later")
+            try:
+                self._serve_late(name, pool)
+            except (AttachError, LayoutRefused, L3ConfigError, L3StoreError) as exc:
+                raise AttachError(f"sglang-glm-ext L3 backend cannot serve host pool {name!r} registered after "
+                                  f"the store opened: {exc}") from exc
         self.pools[name] = pool
 
     def on_host_pools_registered(self) -> None:
@@ -271,16 +282,7 @@ class L3HiCacheStorage(HiCacheStorage):
                 raise LayoutRefused(f"host pool {name!r} ({type(pool).__name__}) is not served by L3 "
                                     f"(served pools: {', '.join(POOL_KINDS)})")
         anchor = self.pools[PoolName.KV.value]
-        plans = {}
-        for name, pool in self.pools.items():
-            plan = plan_pool(pool_geometry(name, pool))
-            problem = check_against_sglang_pointers(plan, pool, anchor.page_num)
-            if problem:
-                raise LayoutRefused(f"host pool {name!r}: {problem}")
-            if plan.geometry.page_size != anchor.page_size:
-                raise LayoutRefused(f"host pool {name!r} pages hold {plan.geometry.page_size} tokens, KV pages "
-                                    f"{anchor.page_size}")
-            plans[name] = plan
+        plans = {name: self._plan(name, pool, anchor) for name, pool in self.pools.items()}
         shard = ShardIdentity(replicated=bool(sc.is_mla_model), tp_rank=0 if sc.is_mla_model else sc.tp_rank,
                               tp_size=1 if sc.is_mla_model else sc.tp_size, pp_rank=sc.pp_rank, pp_size=sc.pp_size,
                               dcp_rank=sc.dcp_rank, dcp_size=sc.dcp_size)
@@ -292,7 +294,9 @@ class L3HiCacheStorage(HiCacheStorage):
             page_size=anchor.page_size,
             layer_start=int(anchor.start_layer),
             layer_end=int(anchor.end_layer) + 1,
-            pools=tuple(plans[n].fmt for n in sorted(plans)),
+            # Sidecar pools are bound through their keys instead (pool_keys): the namespace must not depend on
+            # whether SGLang registered them before or after the store opened.
+            pools=tuple(plans[n].fmt for n in sorted(plans) if n not in SIDECAR_POOLS),
             shard=shard,
         )
         rank, how = _l3_rank(sc)
@@ -300,28 +304,59 @@ class L3HiCacheStorage(HiCacheStorage):
             raise AttachError(f"this process is L3 rank {rank} ({how}) but {self.config.source} has "
                               f"ranks.count = {self.config.num_ranks}; cover every TP x PP rank")
         kinds = {name: POOL_KINDS[name] for name in plans}
+        if any(n in SIDECAR_POOLS for n in plans) and not self.config.addable_kinds:
+            raise AttachError(self._sidecar_needs_weights())
         page_bytes = {kinds[n]: plans[n].page_bytes for n in plans}
-        namespace = ns.to_namespace()
+        from ..store import L3Store
 
-        def opener():
-            from ..store import L3Store
-
-            return L3Store.open(self.config, rank=rank, namespace=namespace, page_bytes=page_bytes)
-
-        self.shared = REGISTRY.acquire(self.config, rank, namespace, page_bytes, opener, holder=self)
-        self.plans, self.kinds, self.namespace, self.rank = plans, kinds, ns, rank
+        store = L3Store.open(self.config, rank=rank, namespace=ns.to_namespace(), page_bytes=page_bytes)
+        self._tags = {n: pool_tag(plans[n].fmt) if n in SIDECAR_POOLS else None for n in plans}
+        self.kinds, self.namespace, self.rank, self._store = kinds, ns, rank, store
+        self.plans = plans
         self._kv = plans[PoolName.KV.value]
         self._kv_kind = kinds[PoolName.KV.value]
         self._ready = True
-        st = self.shared.store
+        st = store.stats()
         logger.info("sglang-glm-ext L3 backend attached: rank %d, pools %s, namespace %s, cold_start=%s (%d pages "
-                    "loaded)", rank, {n: f"{p.fmt.layout}/{p.page_bytes}B" for n, p in plans.items()},
-                    namespace.digest().hex(), st.cold_start, getattr(st, "loaded_pages", 0))
+                    "loaded), %d attach(es) share the store", rank,
+                    {n: f"{p.fmt.layout}/{p.page_bytes}B" for n, p in plans.items()}, ns.sealed_digest().hex(),
+                    st["cold_start"], st["cold_start_loaded_pages"], store.shared.refs)
+
+    def _plan(self, name: str, pool, anchor) -> PoolPlan:
+        plan = plan_pool(pool_geometry(name, pool))
+        problem = check_against_sglang_pointers(plan, pool, anchor.page_num)
+        if problem:
+            raise LayoutRefused(f"host pool {name!r}: {problem}")
+        if plan.geometry.page_size != anchor.page_size:
+            raise LayoutRefused(f"host pool {name!r} pages hold {plan.geometry.page_size} tokens, KV pages "
+                                f"{anchor.page_size}")
+        return plan
+
+    def _sidecar_needs_weights(self) -> str:
+        return (f"sidecar draft pools need payload_split = 'weights' in {self.config.source} with a "
+                "[payload_weights] entry for target_kv, index_k, draft_kv and draft_index_k: their slabs must keep "
+                "one size whether SGLang registers the pools before or after the store opens (at startup it "
+                "registers them after), and equal_slots sizes every kind from the kinds opened together")
+
+    def _serve_late(self, name: str, pool) -> None:
+        """A sidecar draft pool registered after the store opened: plan it like the others, add its payload kind
+        to the open store, then let the data path see it (kind and tag before the plan)."""
+        if not self.config.addable_kinds:
+            raise AttachError(self._sidecar_needs_weights())
+        plan = self._plan(name, pool, self.pools[PoolName.KV.value])
+        kind = POOL_KINDS[name]
+        self._store.add_kind(kind, plan.page_bytes)
+        self._tags[name] = pool_tag(plan.fmt)
+        self.kinds[name] = kind
+        self.plans[name] = plan
+        logger.info("sglang-glm-ext L3 backend: late host pool %r served as %s (%s/%dB)", name, kind.label,
+                    plan.fmt.layout, plan.page_bytes)
 
     # ------------------------------------------------------------------ helpers (data path)
     @property
     def store(self):
-        return self.shared.store if self.shared is not None else None
+        """This attach's L3Store handle (None before the attach and after close)."""
+        return self._store
 
     def _new_samples(self):
         return {k: collections.deque(maxlen=_SAMPLES)
@@ -333,7 +368,7 @@ class L3HiCacheStorage(HiCacheStorage):
         if seconds > 0:
             m[f"{op}_bandwidth"].append(nbytes / seconds / 1e9)
 
-    def _spill(self, kind, plan: PoolPlan, keys, host_indices) -> List[bool]:
+    def _spill(self, kind, plan: PoolPlan, keys, host_indices, tag=None) -> List[bool]:
         n = len(keys)
         if not n:
             return []
@@ -346,10 +381,9 @@ class L3HiCacheStorage(HiCacheStorage):
                 self.c.bad_indices += n
                 self.c.set_dropped += n
                 return [False] * n
-            skeys = storage_keys(keys)
+            skeys = pool_keys(storage_keys(keys), tag)
             t0 = time.perf_counter()
-            ok = self.shared.store.spill_from_layout(kind, skeys, plan.layout, pages)
-            self.shared.pending.add(kind, skeys, ok)
+            ok = self._store.spill_from_layout(kind, skeys, plan.layout, pages)
             accepted = sum(ok)
             self.c.set_pages += accepted
             self.c.set_dropped += n - accepted
@@ -361,7 +395,7 @@ class L3HiCacheStorage(HiCacheStorage):
             self.c.set_dropped += n
             return [False] * n
 
-    def _reload(self, kind, plan: PoolPlan, keys, host_indices) -> List[bool]:
+    def _reload(self, kind, plan: PoolPlan, keys, host_indices, tag=None) -> List[bool]:
         n = len(keys)
         if not n:
             return []
@@ -374,16 +408,9 @@ class L3HiCacheStorage(HiCacheStorage):
                 self.c.bad_indices += n
                 self.c.get_misses += n
                 return [False] * n
-            skeys = storage_keys(keys)
-            store, pending = self.shared.store, self.shared.pending
-            # Which pages were spilled and not yet durable before the read: only those may be waited for; a miss
-            # on any other page is a true miss (absent, corrupt, I/O error) and ends the prefix.
-            pending.prune()
-            was_pending = pending.which(kind, skeys)
+            skeys = pool_keys(storage_keys(keys), tag)
             t0 = time.perf_counter()
-            ok = store.reload_into_layout(kind, skeys, plan.layout, pages)
-            if was_pending is not None and not all(ok):
-                self._retry_pending(kind, plan, skeys, pages, ok, was_pending)
+            ok = self._store.reload_into_layout(kind, skeys, plan.layout, pages)  # staged pages too
             hits = sum(ok)
             self.c.get_pages += n
             self.c.get_hits += hits
@@ -396,43 +423,13 @@ class L3HiCacheStorage(HiCacheStorage):
             self.c.get_misses += n
             return [False] * n
 
-    def _retry_pending(self, kind, plan, skeys, pages, ok, was_pending) -> None:
-        """Pages spilled but not yet durable when read: SGLang may read them right after batch_set returned
-        (visible-after-set). Wait for each (bounded) up to the first true miss; only the prefix counts."""
-        pending = self.shared.pending
-        retry = []
-        for i, hit in enumerate(ok):
-            if hit:
-                continue
-            if not was_pending[i] or not pending.wait_durable(kind, skeys[i]):
-                break
-            retry.append(i)
-        if retry:
-            self.c.pending_waits += len(retry)
-            again = self.shared.store.reload_into_layout(kind, [skeys[i] for i in retry], plan.layout,
-                                                         [pages[i] for i in retry])
-            for i, hit in zip(retry, again):
-                ok[i] = hit
-
     def _exists_prefix(self, kind, skeys: list) -> int:
-        store, pending = self.shared.store, self.shared.pending
-        pending.prune()
-        n = len(skeys)
-        i = store.exists(kind, skeys)
-        while i < n:
-            if pending.contains(kind, skeys[i]):
-                i += 1
-                continue
-            j = store.exists(kind, skeys[i:])
-            if not j:
-                break
-            i += j
-        return i
+        return self._store.exists(kind, skeys)  # durable or staged: visible as soon as batch_set returned
 
     def _plan_for(self, name):
         name = _pool_name(name)
-        plan = self.plans.get(name)
-        return plan, self.kinds.get(name)
+        plan = self.plans.get(name)  # set last (_serve_late): a plan seen here has its kind and tag
+        return plan, self.kinds.get(name), self._tags.get(name)
 
     # ------------------------------------------------------------------ v1: KV pages, zero-copy
     def batch_set_v1(self, keys: List[str], host_indices: torch.Tensor,
@@ -478,12 +475,12 @@ class L3HiCacheStorage(HiCacheStorage):
             for transfer in pool_transfers or ():
                 if not final:
                     break
-                plan, kind = self._plan_for(transfer.name)
+                plan, kind, tag = self._plan_for(transfer.name)
                 if plan is None or transfer.hit_policy != PoolHitPolicy.ALL_PAGES:
                     self.c.unknown_pool += 1
                     final = 0
                     break
-                boundary = self._exists_prefix(kind, skeys[:final])
+                boundary = self._exists_prefix(kind, pool_keys(skeys[:final], tag))
                 if boundary:
                     hits[transfer.name] = boundary
                 final = min(final, boundary)
@@ -496,7 +493,7 @@ class L3HiCacheStorage(HiCacheStorage):
         out: dict = {}
         for transfer in transfers:
             keys = transfer.keys or []
-            plan, kind = self._plan_for(transfer.name)
+            plan, kind, tag = self._plan_for(transfer.name)
             if plan is None:
                 self.c.unknown_pool += 1
                 out[transfer.name] = [False] * len(keys)
@@ -505,7 +502,7 @@ class L3HiCacheStorage(HiCacheStorage):
                 self.c.bad_indices += len(keys)
                 out[transfer.name] = [False] * len(keys)
                 continue
-            out[transfer.name] = op(kind, plan, keys, transfer.host_indices)
+            out[transfer.name] = op(kind, plan, keys, transfer.host_indices, tag)
         return out
 
     def batch_get_v2(self, transfers: List[PoolTransfer],
@@ -540,7 +537,7 @@ class L3HiCacheStorage(HiCacheStorage):
             self.c.bad_indices += n - len(todo)
             if todo:
                 skeys = [storage_key(keys[i]) for i in todo]
-                ok = self.shared.store.reload_into(self._kv_kind, skeys, [dsts[i] for i in todo])
+                ok = self._store.reload_into(self._kv_kind, skeys, [dsts[i] for i in todo])
                 for i, hit in zip(todo, ok):
                     if hit:
                         out[i] = target_locations[i]
@@ -569,8 +566,7 @@ class L3HiCacheStorage(HiCacheStorage):
                 self.c.set_dropped += n
                 return False
             skeys = storage_keys(keys)
-            ok = self.shared.store.spill(self._kv_kind, skeys, pages)
-            self.shared.pending.add(self._kv_kind, skeys, ok)
+            ok = self._store.spill(self._kv_kind, skeys, pages)
             self.c.set_pages += sum(ok)
             self.c.set_dropped += n - sum(ok)
             return all(ok)
@@ -585,23 +581,25 @@ class L3HiCacheStorage(HiCacheStorage):
         if not self._ready or self._closed:
             return False
         try:
-            self.shared.pending.forget()
-            return bool(self.shared.store.clear())
+            return bool(self._store.clear())
         except Exception:  # noqa: BLE001
             logger.exception("sglang-glm-ext L3: clear failed")
             self.c.errors += 1
             return False
 
     def close(self) -> None:
-        """Detach / shutdown: drop this attach's reference; the last one flushes and closes the store, which
-        releases its slab locks and the index."""
+        """Detach / shutdown: close this attach's handle; the last handle of the process's store flushes and
+        closes it, which releases its slab, owner and index locks."""
         if self._closed:
             return
         self._closed = True
         self._ready = False
-        shared, self.shared = self.shared, None
-        if shared is not None:
-            REGISTRY.release(shared, holder=self)
+        store, self._store = self._store, None
+        if store is not None:
+            try:
+                store.close()
+            except Exception:  # noqa: BLE001 - shutdown goes on; the store logged what failed
+                logger.exception("sglang-glm-ext L3: closing the store failed")
 
     def get_stats(self):
         """SGLang's StorageMetrics since the last call (scheduler thread, every tick): swaps the bounded sample
@@ -617,10 +615,10 @@ class L3HiCacheStorage(HiCacheStorage):
     def l3_stats(self) -> dict:
         """Backend counters plus the engine's (doctor, tests, the metrics issue)."""
         out = {"backend": self.c.as_dict(), "rank": self.rank, "ready": self._ready}
-        if self.shared is not None:
-            out["pending_pages"] = len(self.shared.pending)
-            out["store"] = self.shared.store.stats()
-            out["store_refs"] = self.shared.refs
+        store = self._store
+        if store is not None:
+            out["store"] = store.stats()
+            out["store_refs"] = store.shared.refs
         if self.namespace is not None:
             out["namespace"] = self.namespace.describe()
         return out

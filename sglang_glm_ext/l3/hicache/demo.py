@@ -199,7 +199,7 @@ def _run(args, work: str, register) -> int:
                                     plugin_values=values)
     st2 = stack.DsaStack.build(spec, sa2)
     try:
-        print(f"  restart (cold_start=load): {st2.backend.store.loaded_pages} pages found durable in "
+        print(f"  restart (cold_start=load): {st2.backend.store.stats()['cold_start_loaded_pages']} pages found durable in "
               f"{time.perf_counter() - t0:.2f}s")
         prefetch_all(st2, "prefetch after restart", "r")
         stats = st2.backend.l3_stats()

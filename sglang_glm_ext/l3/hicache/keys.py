@@ -8,9 +8,15 @@ else is hashed under a domain tag (a collision with a hex key would need a BLAKE
 
 Namespaces. Two deployments whose bytes mean different things must never read each other's pages, even on one
 disk and one index. :class:`NamespaceSpec` lists every field that changes what a page's bytes mean, and
-:meth:`NamespaceSpec.to_namespace` folds them into the engine's ``format.Namespace`` (whose digest is in the
-index key and in every blob header). SGLang's ``HiCacheStorageConfig`` (0.5.23) carries no KV dtype (TODO in
-``srt/mem_cache/hicache_storage.py``, SGLang issue #33268): the plugin supplies it (``hooks.py``).
+:meth:`NamespaceSpec.to_namespace` folds all of them but the deployment into the engine's ``format.Namespace``;
+the store binds the deployment itself (``Namespace.digest_for(deployment_id)``, issue 7: in every blob header and
+index key), so it is counted once, there. :meth:`NamespaceSpec.sealed_digest` is that digest. SGLang's
+``HiCacheStorageConfig`` (0.5.23) carries no KV dtype (TODO in ``srt/mem_cache/hicache_storage.py``, SGLang issue
+#33268): the plugin supplies it (``hooks.py``).
+
+Sidecar draft pools (``DRAFT``, ``DRAFT_INDEXER``) are not in the namespace: SGLang may register them after the
+store opened, and the namespace must be the same either way. Their byte format binds their keys instead
+(:func:`pool_tag`, :func:`pool_keys`): a page written under another draft format is never found.
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["storage_key", "storage_keys", "PoolFormat", "ShardIdentity", "NamespaceSpec"]
+__all__ = ["storage_key", "storage_keys", "pool_tag", "pool_keys", "PoolFormat", "ShardIdentity", "NamespaceSpec"]
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _PERSON = b"glm-l3-strkey"
+_POOL_PERSON = b"glm-l3-pool"
 
 
 def storage_key(key) -> bytes:
@@ -43,6 +50,20 @@ def storage_key(key) -> bytes:
 
 def storage_keys(keys) -> list[bytes]:
     return [storage_key(k) for k in keys]
+
+
+def pool_tag(fmt: "PoolFormat") -> bytes:
+    """16 bytes naming a pool's byte format (every field of its PoolFormat), for :func:`pool_keys`."""
+    doc = json.dumps(asdict(fmt), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.blake2b(doc, digest_size=16, person=_POOL_PERSON).digest()
+
+
+def pool_keys(raw_keys: list[bytes], tag: "bytes | None") -> list[bytes]:
+    """The page keys of a pool whose format is bound through its keys (``tag`` from :func:`pool_tag`): a keyed
+    BLAKE2b-256 of each 32-byte key; ``tag`` None: the keys as they are."""
+    if tag is None:
+        return raw_keys
+    return [hashlib.blake2b(k, digest_size=32, key=tag).digest() for k in raw_keys]
 
 
 @dataclass(frozen=True)
@@ -105,13 +126,19 @@ class NamespaceSpec:
 
         layout = json.dumps({"host_layout": self.host_layout, "pools": [asdict(p) for p in self.pools],
                              "extra": list(self.extra)}, sort_keys=True, separators=(",", ":"))
-        model = json.dumps({"deployment": self.deployment_id, "model": self.model}, sort_keys=True,
-                           separators=(",", ":"))
-        return Namespace(model=model, kv_dtype=self.kv_dtype, layout=layout, page_size=self.page_size,
-                         layer_start=self.layer_start, layer_end=self.layer_end, shard=self.shard.tag())
+        # The deployment is not folded in here: the store's digest_for(deployment_id) binds it (counted once).
+        # Namespace refuses an empty model; an unnamed model is still a value of its own.
+        return Namespace(model=self.model or "<unnamed>", kv_dtype=self.kv_dtype, layout=layout,
+                         page_size=self.page_size, layer_start=self.layer_start, layer_end=self.layer_end,
+                         shard=self.shard.tag())
+
+    def sealed_digest(self) -> bytes:
+        """What every blob of this namespace is sealed with and checked against, and the index key's namespace
+        part: the engine's ``digest_for`` of the deployment over :meth:`to_namespace`."""
+        return self.to_namespace().digest_for(self.deployment_id)
 
     def describe(self) -> dict:
         out = asdict(self)
         out["shard"] = self.shard.tag()
-        out["digest"] = self.to_namespace().digest().hex()
+        out["digest"] = self.sealed_digest().hex()
         return out

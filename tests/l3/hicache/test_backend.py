@@ -8,7 +8,6 @@ import time
 import pytest
 import torch
 
-from sglang_glm_ext.l3.hicache import attach as attach_mod
 from sglang_glm_ext.l3.hicache.attach import AttachError
 
 from .conftest import write_config
@@ -173,15 +172,15 @@ def test_page_is_visible_to_exists_and_get_as_soon_as_batch_set_returns(tmp_path
         idx = hp.page_tokens([3])
         want = snapshot(hp, [3])["kv"]
         assert be.batch_set_v1(["p3"], idx) == [True]
-        assert be.store.exists("target_kv", [attach_mod_key("p3")]) == 0  # not durable yet
+        key = attach_mod_key("p3")
+        assert be.store.exists("target_kv", [key], include_staged=False) == 0  # not durable yet
         assert be.exists("p3") and be.batch_exists(["p3"]) == 1  # ...but visible
         hp.zero()
-        import threading
-
-        threading.Timer(0.2, lambda: gate.update(open=True)).start()
-        assert be.batch_get_v1(["p3"], idx) == [True]  # waits for durability, then reads
+        assert be.batch_get_v1(["p3"], idx) == [True]  # served from staging, with the disk still stalled
         assert snapshot(hp, [3])["kv"] == want
-        assert be.l3_stats()["backend"]["pending_waits"] == 1
+        assert be.store.stats()["reload_from_staging"] == 1
+        gate["open"] = True
+        assert be.store.flush(30) and be.store.exists("target_kv", [key], include_staged=False) == 1
         slab.inject_write_fault(None)
     finally:
         gate["open"] = True
@@ -203,9 +202,9 @@ def test_corrupt_blob_is_a_counted_miss(tmp_path):
         assert all(be.batch_set_v1(["a", "b"], idx))
         be.store.flush()
         slab = be.store.slab("target_kv")
-        entry = be.store.index.get_many([be.store._ikey(be.kinds["kv"], attach_mod_key("b"))])[0]
+        _, _, slot = be.store.locate(be.kinds["kv"], attach_mod_key("b"))
         with open(slab.path, "r+b") as f:  # flip payload bytes of b's slot behind the store's back
-            f.seek(entry.slot * slab.slot_bytes + 4096)
+            f.seek(slot * slab.slot_bytes + 4096)
             f.write(b"\xff" * 64)
         os.posix_fadvise(os.open(slab.path, os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
         assert be.batch_get_v1(["a", "b"], idx) == [True, False]
@@ -261,7 +260,7 @@ def test_two_attaches_share_one_store_and_the_last_detach_releases_its_locks(tmp
     hp = pools("dsa", "page_first")
     a = attach(hp, cfg)
     b = attach(hp, cfg)  # a second controller attaching in this process: no SlabLockedError, same store
-    assert a.store is b.store and a.shared.refs == 2
+    assert a.store.shared is b.store.shared and a.store.shared.refs == 2
     hp.fill_random(6)
     assert all(a.batch_set_v1(["k"], hp.page_tokens([2])))
     assert b.exists("k")  # what one attacher wrote the other sees at once
@@ -270,7 +269,7 @@ def test_two_attaches_share_one_store_and_the_last_detach_releases_its_locks(tmp
     ns = b.namespace.to_namespace()
     page_bytes = {b.kinds[n]: p.page_bytes for n, p in b.plans.items()}
     b.close()
-    assert not attach_mod.REGISTRY.open_stores()
+    assert L3Store.find_open(L3Config.load(cfg), 0) is None
     # The slab and index locks are released: the engine opens the same slabs again in this process.
     L3Store.open(L3Config.load(cfg), rank=0, namespace=ns, page_bytes=page_bytes).close()
 
@@ -287,7 +286,7 @@ def test_restart_with_load_serves_pages_written_before(tmp_path):
     hp2 = pools("dsa", "layer_first")
     be2 = attach(hp2, cfg)
     try:
-        assert be2.store.loaded_pages == 4
+        assert be2.store.stats()["cold_start_loaded_pages"] == 4
         assert be2.batch_get_v1(keys, idx) == [True, True]
         assert be2.batch_get_v2(transfers(hp2, keys, idx))["indexer"] == [True, True]
         assert snapshot(hp2, [4, 5]) == want
@@ -313,41 +312,107 @@ def test_kv_dtype_is_part_of_the_namespace(tmp_path):
         be2.close()
 
 
-def test_sidecar_draft_pools_present_at_attach_are_served(tmp_path):
+def weighted_config(tmp_path, name="l3", **overrides):
+    """A config whose budget rule sizes every kind alone (what sidecar draft pools need)."""
+    path = write_config(tmp_path, name=name, payload_split="weights", **overrides)
+    with open(path, "a") as f:
+        f.write("[payload_weights]\ntarget_kv = 0.6\nindex_k = 0.15\ndraft_kv = 0.15\ndraft_index_k = 0.1\n")
+    return path
+
+
+def _sidecar(hp):
+    draft = pools("dsa", "page_first", layers=1)
+    return draft, {"draft": draft.pools["kv"], "draft_indexer": draft.pools["indexer"]}
+
+
+def _draft_round_trip(be, hp, draft):
     from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
 
+    hp.fill_random(12)
+    draft.fill_random(13)
+    idx = hp.page_tokens([0])
+    before = [draft.page_bytes(n, 0) for n in ("kv", "indexer")]
+    tr = [PoolTransfer(name=PoolName.DRAFT, host_indices=idx, keys=["d"]),
+          PoolTransfer(name=PoolName.DRAFT_INDEXER, host_indices=idx, keys=["d"])]
+    assert be.batch_set_v1(["d"], idx) == [True]
+    assert be.batch_set_v2(tr) == {PoolName.DRAFT: [True], PoolName.DRAFT_INDEXER: [True]}
+    draft.zero()
+    assert be.batch_get_v2(tr) == {PoolName.DRAFT: [True], PoolName.DRAFT_INDEXER: [True]}
+    assert [draft.page_bytes(n, 0) for n in ("kv", "indexer")] == before
+    res = be.batch_exists_v2(["d"], tr)
+    assert res.kv_hit_pages == 1 and res.extra_pool_hit_pages == {PoolName.KV: 1, PoolName.DRAFT: 1,
+                                                                   PoolName.DRAFT_INDEXER: 1}
+
+
+def test_sidecar_draft_pools_present_at_attach_are_served(tmp_path):
     hp = pools("dsa", "page_first")
-    draft = pools("dsa", "page_first", layers=1)
-    hp.pools["draft"] = draft.pools["kv"]
-    hp.pools["draft_indexer"] = draft.pools["indexer"]
-    be = attach(hp, write_config(tmp_path))
+    draft, side = _sidecar(hp)
+    hp.pools.update(side)
+    be = attach(hp, weighted_config(tmp_path))
     try:
         assert set(be.kinds) == {"kv", "indexer", "draft", "draft_indexer"}
-        hp.fill_random(12)
-        idx = hp.page_tokens([0])
-        before = [draft.page_bytes(n, 0) for n in ("kv", "indexer")]
-        tr = [PoolTransfer(name=PoolName.DRAFT, host_indices=idx, keys=["d"]),
-              PoolTransfer(name=PoolName.DRAFT_INDEXER, host_indices=idx, keys=["d"])]
-        assert be.batch_set_v2(tr) == {PoolName.DRAFT: [True], PoolName.DRAFT_INDEXER: [True]}
-        draft.zero()
-        assert be.batch_get_v2(tr) == {PoolName.DRAFT: [True], PoolName.DRAFT_INDEXER: [True]}
-        assert [draft.page_bytes(n, 0) for n in ("kv", "indexer")] == before
+        # Their formats bind their keys, not the namespace: the same namespace as without them.
+        assert {p["pool"] for p in be.namespace.describe()["pools"]} == {"kv", "indexer"}
+        _draft_round_trip(be, hp, draft)
+        raw = attach_mod_key("d")
+        assert be.store.exists("draft_kv", [raw]) == 0  # stored under its format-bound key only
     finally:
         be.close()
 
 
-def test_a_pool_registered_after_the_store_opened_is_refused_loudly(tmp_path):
+def test_sidecar_draft_pools_registered_after_the_store_opened_are_served(tmp_path):
+    """SGLang registers sidecar DRAFT / DRAFT_INDEXER pools after the storage attach at startup
+    (kv_cache_builder.maybe_register_hicache_draft): their kinds join the open store."""
     from sglang.srt.mem_cache.hicache_storage import PoolName
 
+    cfg = weighted_config(tmp_path, cold_start="load")
     hp = pools("dsa", "page_first")
-    be = attach(hp, write_config(tmp_path))
+    draft, side = _sidecar(hp)
+    be = attach(hp, cfg)
     try:
-        late = pools("dsa", "page_first", layers=1).pools["kv"]
-        with pytest.raises(AttachError, match="after the L3 store opened"):
-            be.register_mem_host_pool_v2(late, PoolName.DRAFT)
+        early_ns = be.namespace.sealed_digest()
+        be.register_mem_host_pool_v2(side["draft"], PoolName.DRAFT)
+        be.register_mem_host_pool_v2(side["draft_indexer"], PoolName.DRAFT_INDEXER)
+        assert set(be.store.stats()["slots"]) == {"target_kv", "index_k", "draft_kv", "draft_index_k"}
+        _draft_round_trip(be, hp, draft)
         be.register_mem_host_pool_v2(hp.kv, PoolName.KV)  # re-registering the same pool is fine
     finally:
         be.close()
+    # A restart that finds the sidecar pools at attach (runtime attach) shares the namespace and the pages.
+    hp2 = pools("dsa", "page_first")
+    draft2, side2 = _sidecar(hp2)
+    hp2.pools.update(side2)
+    be2 = attach(hp2, cfg)
+    try:
+        assert be2.namespace.sealed_digest() == early_ns
+        from sglang.srt.mem_cache.hicache_storage import PoolTransfer
+
+        tr = [PoolTransfer(name=PoolName.DRAFT, host_indices=hp2.page_tokens([0]), keys=["d"])]
+        assert be2.batch_get_v2(tr) == {PoolName.DRAFT: [True]}
+        assert draft2.page_bytes("kv", 0) == draft.page_bytes("kv", 0)
+    finally:
+        be2.close()
+
+
+def test_a_late_pool_is_refused_loudly_where_it_cannot_be_served(tmp_path):
+    from sglang.srt.mem_cache.hicache_storage import PoolName
+
+    hp = pools("dsa", "page_first")
+    be = attach(hp, write_config(tmp_path))  # equal_slots: no kind can be sized on its own
+    try:
+        late = pools("dsa", "page_first", layers=1).pools["kv"]
+        with pytest.raises(AttachError, match="registered after the store opened.*payload_weights"):
+            be.register_mem_host_pool_v2(late, PoolName.DRAFT)
+        with pytest.raises(AttachError, match="only the sidecar draft pools"):
+            be.register_mem_host_pool_v2(late, PoolName.SWA)
+        assert "draft_kv" not in be.store.stats()["slots"]
+        be.register_mem_host_pool_v2(hp.kv, PoolName.KV)  # re-registering the same pool is fine
+    finally:
+        be.close()
+    hp = pools("dsa", "page_first")
+    _, side = _sidecar(hp)
+    hp.pools.update(side)
+    assert "payload_weights" in _attach_error(hp, write_config(tmp_path, name="eq2"))
 
 
 def _attach_error(hp, cfg, **kw):
@@ -379,7 +444,10 @@ def test_unservable_pools_and_modes_are_refused_at_attach(tmp_path, monkeypatch)
 
     with get_parallel().override(tp_rank=1, tp_size=2, attn_tp_size=2, moe_tp_size=2):  # rank 1 of TP 2 vs a 1-rank config
         assert "ranks.count = 1" in _attach_error(pools("dsa", "page_first"), cfg)
-    assert not attach_mod.REGISTRY.open_stores()
+    from sglang_glm_ext.l3.config import L3Config
+    from sglang_glm_ext.l3.store import L3Store
+
+    assert L3Store.find_open(L3Config.load(cfg), 0) is None  # a refused attach leaves no store open
 
 
 def test_backend_refuses_to_be_built_by_hand_without_the_plugin_config():

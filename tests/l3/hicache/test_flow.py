@@ -81,7 +81,7 @@ def test_restart_with_load_hits_without_recompute(tmp_path):
     st.close()  # shutdown detaches: the store flushes and closes, its locks are released
     st2 = _stack(cfg)
     try:
-        assert st2.backend.store.loaded_pages == 10
+        assert st2.backend.store.stats()["cold_start_loaded_pages"] == 10
         assert st2.match(tokens).host_hit_length == 0  # a fresh server: nothing on device or host
         assert st2.prefetch(tokens, "after-restart") == len(tokens)
         assert _same(st2.snapshot_device(st2.load_back(tokens)), want)
@@ -103,11 +103,10 @@ def test_corrupt_blob_is_a_miss_and_recompute_restores_the_right_bytes(tmp_path)
         store = st.backend.store
         store.flush()
         hashes = get_storage_hash_str(tokens, None, page_size=PS)
-        kind = st.backend.kinds["kv"]
-        entry = store.index.get_many([store._ikey(kind, storage_key(hashes[2]))])[0]
+        _, _, slot = store.locate(st.backend.kinds["kv"], storage_key(hashes[2]))
         slab = store.slab("target_kv")
         with open(slab.path, "r+b") as f:  # a torn / rotten page 2 on disk
-            f.seek(entry.slot * slab.slot_bytes + 2048)
+            f.seek(slot * slab.slot_bytes + 2048)
             f.write(os.urandom(256))
         _drop_l2(st, tokens)
         assert st.prefetch(tokens, "r-corrupt") == 2 * PS  # exactly the pages before the corrupt one

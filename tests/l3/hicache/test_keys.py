@@ -61,18 +61,47 @@ def _spec(**kw):
     ("extra", (("cp", "rank-free"),)),
 ])
 def test_every_field_changes_the_digest(field, value):
-    base = _spec().to_namespace().digest()
-    assert _spec(**{field: value}).to_namespace().digest() != base
+    # The digest blobs are sealed with (and the index key's namespace part): the deployment rides in through the
+    # store's digest_for, every other field through the namespace.
+    base = _spec().sealed_digest()
+    assert _spec(**{field: value}).sealed_digest() != base
+
+
+def test_the_deployment_is_counted_once_by_the_store_not_again_in_the_namespace():
+    from sglang_glm_ext.l3.format import Namespace
+
+    a, b = _spec(), _spec(deployment_id="staging")
+    assert a.to_namespace() == b.to_namespace()  # the namespace proper names no deployment...
+    assert "prod" not in a.to_namespace().canonical().decode()
+    assert a.sealed_digest() == a.to_namespace().digest_for("prod") != b.sealed_digest()  # ...digest_for does
+    assert isinstance(a.to_namespace(), Namespace) and a.to_namespace().model == "glm-5"
+    assert _spec(model="").to_namespace().model  # an unnamed model is a value too (Namespace refuses "")
 
 
 def test_packed_draft_layers_change_the_digest_even_at_equal_page_bytes():
     one = PoolFormat("kv", "mla", "page_first", 1000, 4, 0, "row=10")
     other = dataclasses.replace(one, draft_layers=1)
-    assert _spec(pools=(one,)).to_namespace().digest() != _spec(pools=(other,)).to_namespace().digest()
+    assert _spec(pools=(one,)).sealed_digest() != _spec(pools=(other,)).sealed_digest()
 
 
 def test_digest_is_stable_and_described():
     a, b = _spec(), _spec()
-    assert a.to_namespace().digest() == b.to_namespace().digest()
+    assert a.sealed_digest() == b.sealed_digest()
     d = a.describe()
     assert d["shard"] == "replicated-pp0of1" and len(d["digest"]) == 32 and d["kv_dtype"] == "float8_e4m3fn"
+    assert d["digest"] == a.sealed_digest().hex()
+
+
+def test_a_sidecar_pool_s_format_binds_its_keys():
+    from sglang_glm_ext.l3.hicache.keys import pool_keys, pool_tag
+
+    raw = storage_keys(["a", "b"])
+    one = PoolFormat("draft", "mla", "page_first", 1000, 1, 0, "row=10")
+    tag = pool_tag(one)
+    assert pool_keys(raw, None) == raw
+    keyed = pool_keys(raw, tag)
+    assert len(set(keyed + raw)) == 4 and all(len(k) == 32 for k in keyed)
+    assert pool_keys(raw, tag) == keyed  # stable
+    for other in (dataclasses.replace(one, layout="layer_first"), dataclasses.replace(one, page_bytes=1001),
+                  dataclasses.replace(one, pool="draft_indexer"), dataclasses.replace(one, detail="row=11")):
+        assert pool_keys(raw, pool_tag(other)) != keyed

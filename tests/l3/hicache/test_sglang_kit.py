@@ -90,10 +90,11 @@ class TestL3ThroughSGLangStorageKit(L3KitFixtures, unittest.TestCase):
         backend = cons.cache_controller.storage_backend
         self.assertEqual(type(backend).__name__, "L3HiCacheStorage")
         self.assertEqual(backend.namespace.kv_dtype, "bfloat16")
-        from sglang_glm_ext.l3.hicache.attach import REGISTRY
+        from sglang_glm_ext.l3.store import L3Store
 
-        (shared,) = REGISTRY.open_stores()  # producer and consumer controllers share one store, no lock error
-        self.assertIs(shared, backend.shared)
+        # producer and consumer controllers share one store, no lock error
+        shared = L3Store.find_open(backend.config, backend.rank)
+        self.assertIs(shared, backend.store.shared)
         self.assertEqual(shared.refs, 2)
         hashes = self._all_page_hashes_for(cons, seq)
         self.assertEqual(self._storage_exists_count(cons, hashes), 4)  # the kit's own ground-truth query
