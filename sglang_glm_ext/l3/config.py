@@ -412,6 +412,15 @@ max_inflight = 256
 write_batch_pages = 32
 io_threads = 4
 reload_threads = 4
+
+# Sidecar draft pools (non-NextN EAGLE) need every kind sized from the config alone (put payload_split above the
+# first table):
+# payload_split = "weights"
+# [payload_weights]
+# target_kv = 0.6
+# index_k = 0.15
+# draft_kv = 0.15
+# draft_index_k = 0.1
 '''
 
 

@@ -6,9 +6,10 @@ Carries seed lines 163-180 (same-suffix requests in one tick), 251-281 (only a d
 * ``hooks.py``: the flags become SGLang's ``dynamic`` storage backend before ``resolve_once``; the logical KV dtype
   reaches the backend (declared patches in ``l3/patches.py``).
 * ``backend.py``: ``L3HiCacheStorage`` (the ``HiCacheStorage`` subclass; SGLang-facing).
-* pure core, no SGLang: ``keys.py`` (string keys, namespaces), ``layouts.py`` (host pool layouts -> ``PageLayout``,
-  the written layout decisions), ``attach.py`` (one shared store per (config, rank), pages visible after set,
-  the extra config).
+* pure core, no SGLang: ``keys.py`` (string keys, namespaces, sidecar pools' format-bound keys), ``layouts.py``
+  (host pool layouts -> ``PageLayout``, the written layout decisions), ``attach.py`` (the extra config). What SGLang
+  expects of a backend beyond that (a page visible as soon as ``batch_set`` returns, one store per (config, rank)
+  per process, a payload kind added after open) is the store's: ``L3Store`` (``l3/store.py``).
 * ``doctor.py``: the backend's part of ``sglang-glm-ext doctor``; ``demo.py``: ``sglang-glm-ext demo``.
 * ``testing/``: demo/test-only CPU stand-ins for SGLang's GPU copy ops and a one-rank HiCache stack driver.
 

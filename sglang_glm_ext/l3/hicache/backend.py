@@ -30,7 +30,6 @@ bounded sample buffers (no work proportional to the store).
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
@@ -358,15 +357,20 @@ class L3HiCacheStorage(HiCacheStorage):
         """This attach's L3Store handle (None before the attach and after close)."""
         return self._store
 
-    def _new_samples(self):
-        return {k: collections.deque(maxlen=_SAMPLES)
-                for k in ("prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth")}
+    @staticmethod
+    def _new_samples():
+        return {k: [] for k in ("prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth")}
 
     def _sample(self, op: str, pages: int, nbytes: int, seconds: float) -> None:
+        # Plain lists, each capped at _SAMPLES per get_stats() interval (later samples of a long interval are
+        # dropped): get_stats hands them over without a copy. An I/O thread that took the old dict just before a
+        # swap may add one sample to a list the collector is iterating: a list iterator tolerates that.
         m = self._m
-        m[f"{op}_pgs"].append(pages)
-        if seconds > 0:
-            m[f"{op}_bandwidth"].append(nbytes / seconds / 1e9)
+        pgs = m[f"{op}_pgs"]
+        if len(pgs) < _SAMPLES:
+            pgs.append(pages)
+            if seconds > 0:
+                m[f"{op}_bandwidth"].append(nbytes / seconds / 1e9)
 
     def _spill(self, kind, plan: PoolPlan, keys, host_indices, tag=None) -> List[bool]:
         n = len(keys)
@@ -491,18 +495,23 @@ class L3HiCacheStorage(HiCacheStorage):
 
     def _batch_v2(self, transfers: List[PoolTransfer], op) -> dict:
         out: dict = {}
-        for transfer in transfers:
-            keys = transfer.keys or []
-            plan, kind, tag = self._plan_for(transfer.name)
-            if plan is None:
-                self.c.unknown_pool += 1
-                out[transfer.name] = [False] * len(keys)
-                continue
-            if transfer.host_indices is None:
-                self.c.bad_indices += len(keys)
-                out[transfer.name] = [False] * len(keys)
-                continue
-            out[transfer.name] = op(kind, plan, keys, transfer.host_indices, tag)
+        for transfer in transfers or ():
+            try:
+                keys = list(transfer.keys or [])
+                plan, kind, tag = self._plan_for(transfer.name)
+                if plan is None:
+                    self.c.unknown_pool += 1
+                    out[transfer.name] = [False] * len(keys)
+                    continue
+                if transfer.host_indices is None:
+                    self.c.bad_indices += len(keys)
+                    out[transfer.name] = [False] * len(keys)
+                    continue
+                out[transfer.name] = op(kind, plan, keys, transfer.host_indices, tag)
+            except Exception:  # noqa: BLE001 - a malformed transfer costs only its own pool's pages
+                self.c.errors += 1
+                name = getattr(transfer, "name", None)
+                out[name] = [False] * len(getattr(transfer, "keys", None) or [])
         return out
 
     def batch_get_v2(self, transfers: List[PoolTransfer],
@@ -602,15 +611,18 @@ class L3HiCacheStorage(HiCacheStorage):
                 logger.exception("sglang-glm-ext L3: closing the store failed")
 
     def get_stats(self):
-        """SGLang's StorageMetrics since the last call (scheduler thread, every tick): swaps the bounded sample
-        buffers, so the cost does not grow with the store or the traffic."""
-        from sglang.srt.observability.metrics_collector import StorageMetrics
+        """SGLang's StorageMetrics since the last call (scheduler thread, every tick) in O(1): swaps in fresh sample
+        lists and hands the old ones over, no copy, no store call; None (SGLang's "nothing") if that fails."""
+        try:
+            from sglang.srt.observability.metrics_collector import StorageMetrics
 
-        with self._mlock:
-            m, self._m = self._m, self._new_samples()
-        return StorageMetrics(prefetch_pgs=list(m["prefetch_pgs"]), backup_pgs=list(m["backup_pgs"]),
-                              prefetch_bandwidth=list(m["prefetch_bandwidth"]),
-                              backup_bandwidth=list(m["backup_bandwidth"]))
+            with self._mlock:
+                m, self._m = self._m, self._new_samples()
+            return StorageMetrics(prefetch_pgs=m["prefetch_pgs"], backup_pgs=m["backup_pgs"],
+                                  prefetch_bandwidth=m["prefetch_bandwidth"], backup_bandwidth=m["backup_bandwidth"])
+        except Exception:  # noqa: BLE001 - never into the scheduler
+            self.c.errors += 1
+            return None
 
     def l3_stats(self) -> dict:
         """Backend counters plus the engine's (doctor, tests, the metrics issue)."""

@@ -460,3 +460,71 @@ def test_backend_refuses_to_be_built_by_hand_without_the_plugin_config():
                               model_name="m", extra_config={"backend_name": "x"})
     with pytest.raises(AttachError, match="--enable-cp-l3"):
         L3HiCacheStorage(sc, {})
+
+
+def test_a_failing_engine_is_a_miss_or_a_dropped_write_never_an_exception(tmp_path, monkeypatch):
+    from sglang.srt.mem_cache.hicache_storage import PoolName, PoolTransfer
+
+    hp = pools("dsa", "page_first")
+    be = attach(hp, write_config(tmp_path))
+    try:
+        hp.fill_random(14)
+        idx = hp.page_tokens([0])
+
+        def boom(*args, **kwargs):
+            raise RuntimeError("engine bug")
+
+        for name in ("spill_from_layout", "reload_into_layout", "exists", "spill", "reload_into", "clear"):
+            monkeypatch.setattr(be.store.shared, name, boom)
+        tr = [PoolTransfer(name=PoolName.INDEXER, host_indices=idx, keys=["e"])]
+        assert be.batch_set_v1(["e"], idx) == [False] and be.batch_get_v1(["e"], idx) == [False]
+        assert be.batch_set_v2(tr) == {PoolName.INDEXER: [False]} and be.batch_get_v2(tr) == {PoolName.INDEXER: [False]}
+        assert be.batch_exists(["e"]) == 0 and be.batch_exists_v2(["e"], tr).kv_hit_pages == 0
+        assert be.set("e", torch.zeros(hp.kv.get_dummy_flat_data_page().shape, dtype=hp.kv.dtype)) is False
+        assert be.get("e", torch.zeros(hp.kv.get_dummy_flat_data_page().shape, dtype=hp.kv.dtype)) is None
+        assert be.clear() is False
+        assert be.batch_get_v2(None) == {} and be.batch_set_v2([object()]) == {None: []}  # malformed transfers
+        assert be.l3_stats()["backend"]["errors"] >= 9
+    finally:
+        monkeypatch.undo()
+        be.close()
+
+
+def test_get_stats_is_constant_work_whatever_the_traffic(tmp_path, monkeypatch):
+    from sglang_glm_ext.l3.hicache import backend as backend_mod
+
+    monkeypatch.setattr(backend_mod, "_SAMPLES", 3)
+    hp = pools("dsa", "page_first")
+    be = attach(hp, write_config(tmp_path))
+    try:
+        hp.fill_random(15)
+        for p in range(6):
+            assert be.batch_set_v1([f"s{p}"], hp.page_tokens([p % 4])) == [True]
+        # get_stats never asks the store anything: it only swaps its sample lists.
+        for name in ("stats", "exists", "flush"):
+            monkeypatch.setattr(be.store.shared, name, lambda *a, **k: (_ for _ in ()).throw(AssertionError(name)))
+        m = be.get_stats()
+        assert m.backup_pgs == [1, 1, 1] and len(m.backup_bandwidth) == 3  # bounded per interval, not per call
+        assert be.get_stats().backup_pgs == []
+    finally:
+        monkeypatch.undo()
+        be.close()
+
+
+def test_the_namespace_the_backend_names_is_the_digest_every_blob_is_sealed_with(tmp_path):
+    from sglang_glm_ext.l3.format import parse_header
+
+    hp = pools("dsa", "page_first")
+    be = attach(hp, write_config(tmp_path))
+    try:
+        hp.fill_random(16)
+        assert be.batch_set_v1(["n"], hp.page_tokens([1])) == [True] and be.store.flush(30)
+        _, _, slot = be.store.locate("target_kv", attach_mod_key("n"))
+        raw = be.store.slab("target_kv").read_header(slot)
+        hdr = raw if hasattr(raw, "ns_digest") else parse_header(raw)
+        sealed = be.namespace.sealed_digest()
+        assert hdr.ns_digest == sealed == be.store.ns  # namespace fields + the deployment, each counted once
+        assert be.namespace.describe()["digest"] == sealed.hex()
+        assert be.config.deployment_id not in be.namespace.to_namespace().canonical().decode()
+    finally:
+        be.close()

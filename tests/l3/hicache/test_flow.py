@@ -46,7 +46,7 @@ def _drop_l2(st, tokens):
 
 
 def _clear_device(st):
-    for pool in (st.kv_pool, *st.draft_pools):
+    for pool in (st.kv_pool, *st.draft_pools, *st.sidecar_pools):
         for buf in (*pool.kv_buffer, *pool.index_k_with_scale_buffer):
             buf.zero_()
 
@@ -200,5 +200,35 @@ def test_deployments_differing_only_in_kv_dtype_never_read_each_other(tmp_path):
         assert dict(st2.backend.store.stats()["slots"]).keys() == page_bytes.keys()
         assert st2.prefetch(tokens, "other-dtype") == 0
         assert st2.backend.l3_stats()["backend"]["get_hits"] == 0
+    finally:
+        st2.close()
+
+
+def test_sidecar_draft_pools_registered_after_attach_round_trip_through_sglang(tmp_path):
+    """SGLang registers sidecar DRAFT / DRAFT_INDEXER host pools after the storage attach (what
+    maybe_register_hicache_draft does at startup): their kinds join the open store, and SGLang's own write-back
+    and prefetch carry their pages with the KV and indexer pages of the same keys."""
+    cfg = write_config(tmp_path, cold_start="load", payload_split="weights")
+    with open(cfg, "a") as f:
+        f.write("[payload_weights]\ntarget_kv = 0.6\nindex_k = 0.15\ndraft_kv = 0.15\ndraft_index_k = 0.1\n")
+    st = _stack(cfg, layout="page_first", io_backend="kernel", sidecar_draft=True)
+    try:
+        be = st.backend
+        assert set(be.kinds) == {"kv", "indexer", "draft", "draft_indexer"}
+        tokens = _tokens(41, 3)
+        want = _write(st, tokens, seed=9)
+        assert be.l3_stats()["backend"]["set_pages"] == 12  # 3 pages x (KV, indexer, draft KV, draft indexer)
+        _drop_l2(st, tokens)
+        _clear_device(st)
+        assert st.prefetch(tokens, "sidecar") == len(tokens)
+        assert _same(st.snapshot_device(st.load_back(tokens)), want)  # draft bytes included
+        assert be.l3_stats()["backend"]["get_hits"] == 12
+    finally:
+        st.close()
+    st2 = _stack(cfg, layout="page_first", io_backend="kernel", sidecar_draft=True)  # restart: load
+    try:
+        assert st2.backend.store.stats()["cold_start_loaded_pages"] == 12
+        assert st2.prefetch(tokens, "sidecar-restart") == len(tokens)
+        assert _same(st2.snapshot_device(st2.load_back(tokens)), want)
     finally:
         st2.close()

@@ -34,6 +34,8 @@ class StackSpec:
     layout: str = "page_first_direct"
     io_backend: str = "direct"
     draft_layers: int = 0  # packed NextN draft layers (0.5.23 packs them into the KV and indexer pages)
+    sidecar_draft: bool = False  # a one-layer DSA draft pool as SGLang's sidecar (DRAFT + DRAFT_INDEXER), registered
+    # after the storage attach the way kv_cache_builder.maybe_register_hicache_draft does at startup
     tree_core_backend: str = "python"
     device: str = "cpu"  # "cuda" on a GPU node with SGLang: real kernels and pinned host pools, no stand-ins
 
@@ -91,6 +93,7 @@ class DsaStack:
     kv_pool: Any
     server_args: Any
     draft_pools: tuple = ()
+    sidecar_pools: tuple = ()  # device pools of sidecar drafts (their own host pools, their own payload kinds)
     _closed: bool = field(default=False, repr=False)
 
     @classmethod
@@ -132,8 +135,16 @@ class DsaStack:
         if cc is not None and cc.enable_storage:
             # Host and device pools are small here; let one request's prefetch use the whole host pool.
             cc.prefetch_capacity_limit = max(cc.prefetch_capacity_limit, cc.mem_pool_host.size)
+        sidecars = ()
+        if spec.sidecar_draft:
+            from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import build_hicache_draft_sidecars
+
+            sidecars = (dsa_pool(1),)
+            specs, entries = build_hicache_draft_sidecars(draft_device_pools=sidecars, tree_cache=cache)
+            for sidecar_spec, entry in zip(specs, entries, strict=True):
+                cache.register_sidecar_pool(sidecar_spec, entry)  # -> backend.register_mem_host_pool_v2
         del torch
-        return cls(spec, cache, allocator, kv_pool, server_args, drafts)
+        return cls(spec, cache, allocator, kv_pool, server_args, drafts, sidecars)
 
     # ------------------------------------------------------------------ pools
     @property
@@ -155,7 +166,7 @@ class DsaStack:
         import torch
 
         g = torch.Generator().manual_seed(seed)
-        for pool in (self.kv_pool, *self.draft_pools):
+        for pool in (self.kv_pool, *self.draft_pools, *self.sidecar_pools):
             for buf in pool.kv_buffer:
                 rows = buf[indices]
                 buf[indices] = torch.randint(0, 256, rows.shape, dtype=torch.uint8, generator=g).to(
@@ -174,7 +185,7 @@ class DsaStack:
 
         pages = torch.unique(indices // self.spec.page_size)
         out = []
-        for pool in (self.kv_pool, *self.draft_pools):
+        for pool in (self.kv_pool, *self.draft_pools, *self.sidecar_pools):
             out += [buf[indices].clone() for buf in pool.kv_buffer]
             out += [buf[pages].clone() for buf in pool.index_k_with_scale_buffer if buf.numel()]
         return out
