@@ -126,6 +126,9 @@ class Tier(str, enum.Enum):
     GUARD = "guard"
     # Feature patches change serving behaviour; only on an SGLang in their own sglang_versions (or when forced).
     FEATURE = "feature"
+    # Demo/test-only stand-ins (CPU copies of GPU ops): declared so the manifest and contract test cover them, but
+    # register() never applies them; only the feature's own guarded installer does, never in a server or by a GPU.
+    DEMO = "demo"
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,7 @@ class Patch:
 
     id: str
     target: str  # dotted path of the patched attribute in SGLang
-    hook_type: str  # before | after | around | replace (SGLang HookType values)
+    hook_type: str  # before | after | around | replace (SGLang HookType values); bind: Tier.DEMO only
     hook: str  # "module:function" of our hook
     feature: Feature
     tier: Tier
@@ -167,7 +170,10 @@ class DoctorInput:
 
 @dataclass(frozen=True)
 class DoctorPart:
-    """One folder's part of the doctor report: keys merged into "hardware", and problems (non-empty: exit 1)."""
+    """One folder's part of the doctor report: keys merged into "hardware", and problems (non-empty: exit 1).
+    ``sections``: top-level keys of the report this folder owns (e.g. "l3"); additions to doctor's schema 1,
+    never one of its fixed keys."""
 
     hardware: Mapping[str, Any]
     problems: tuple[str, ...] = ()
+    sections: Mapping[str, Any] = field(default_factory=dict)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Collection, Mapping
 
 from .errors import L3StoreError
 from .format import BlobHeader, PayloadKind, parse_header
@@ -35,7 +35,9 @@ class ColdStart:
 
 
 def apply(mode: str, index: L3Index, keys: KeySpace, rank: int, disk: int,
-          kinds: Mapping[PayloadKind, KindState]) -> ColdStart:
+          kinds: Mapping[PayloadKind, KindState], deferred: Collection[PayloadKind] = ()) -> ColdStart:
+    """``deferred``: kinds the config sizes on its own that are not open yet (``load`` leaves their entries for
+    :func:`load_kind`, run when the store adds the kind)."""
     if mode == "clear":
         index.delete_for(keys.deployment, rank)  # every namespace; by position if the index is damaged
         for st in kinds.values():
@@ -54,28 +56,45 @@ def apply(mode: str, index: L3Index, keys: KeySpace, rank: int, disk: int,
         kind = PayloadKind.from_byte(kind_byte)
         st = kinds.get(kind) if kind is not None else None
         if st is None:
-            stale.extend(items)  # a kind this process does not serve: its slab is not ours to keep
+            if kind not in deferred:
+                stale.extend(items)  # a kind this process does not serve: its slab is not ours to keep
             continue
-        kept: list[tuple[bytes, int, int]] = []
-        seen: set[int] = set()
-        for key, e in items:
-            ok = False
-            if e.disk == disk and 0 <= e.slot < st.num_slots and e.slot not in seen:
-                hdr = _read_header(st, e.slot)
-                ok = (hdr is not None and hdr.kind == st.kind and hdr.content_hash == split_key(key).content_hash
-                      and hdr.ns_digest == keys.namespace and hdr.payload_len == st.page_bytes)
-            if ok:
-                seen.add(e.slot)
-                kept.append((key, e.last_access, e.slot))
-            else:
-                stale.append((key, e))
-        st.pool.rebuild_from_allocated([slot for _, _, slot in kept])
-        st.lru.load(kept)
-        loaded += len(kept)
+        loaded += _keep_verified(st, items, disk, keys, stale)
     # Stale entries point at slots this rank may now hand out: remove them before any write can happen.
     if stale and index.delete_scanned(stale, damaged=bool(scan.damaged)) is None:
         raise L3StoreError("index map full while dropping stale entries; enlarge index.map_size")
     return ColdStart(mode, loaded, len(stale))
+
+
+def load_kind(index: L3Index, keys: KeySpace, rank: int, disk: int, st: KindState) -> ColdStart:
+    """``load`` for one kind a store adds after open, before the writer owns its pool: keep this rank's entries of
+    that kind whose slot header verifies, drop the others (nobody else writes this rank's slab of it)."""
+    scan = index.scan(keys.prefix(st.kind))
+    stale: list[tuple[bytes, IndexEntry]] = []
+    loaded = _keep_verified(st, [(k, e) for k, e in scan.items if e.rank == rank], disk, keys, stale)
+    if stale and index.delete_scanned(stale, damaged=bool(scan.damaged)) is None:
+        raise L3StoreError("index map full while dropping stale entries; enlarge index.map_size")
+    return ColdStart("load", loaded, len(stale))
+
+
+def _keep_verified(st: KindState, items, disk: int, keys: KeySpace, stale: list) -> int:
+    """Occupy exactly the slots whose header names the entry's page; append the other entries to ``stale``."""
+    kept: list[tuple[bytes, int, int]] = []
+    seen: set[int] = set()
+    for key, e in items:
+        ok = False
+        if e.disk == disk and 0 <= e.slot < st.num_slots and e.slot not in seen:
+            hdr = _read_header(st, e.slot)
+            ok = (hdr is not None and hdr.kind == st.kind and hdr.content_hash == split_key(key).content_hash
+                  and hdr.ns_digest == keys.namespace and hdr.payload_len == st.page_bytes)
+        if ok:
+            seen.add(e.slot)
+            kept.append((key, e.last_access, e.slot))
+        else:
+            stale.append((key, e))
+    st.pool.rebuild_from_allocated([slot for _, _, slot in kept])
+    st.lru.load(kept)
+    return len(kept)
 
 
 def _read_header(st: KindState, slot: int) -> "BlobHeader | None":

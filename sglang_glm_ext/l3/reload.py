@@ -37,6 +37,11 @@ class SlabReads:
             for kind in kinds:
                 self._open(r, config.disk_for_rank(r), kind)
 
+    def add_kind(self, kind: PayloadKind, slot_bytes: int) -> None:
+        """Readers of one more kind (``L3Store.add_kind``): opened by the first reload that needs each slab."""
+        with self._lock:
+            self._slot_bytes[kind] = slot_bytes
+
     def read(self, st: KindState, content_hash: bytes, e: IndexEntry) -> "tuple[memoryview | None, BlobCheck | ReloadMiss]":
         """The verified payload of the page ``e`` names (a view of this thread's read buffer, valid until its next
         read), or None and why. OSError (EIO) propagates: the caller counts it, the entry is not blamed."""

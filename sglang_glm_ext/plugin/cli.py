@@ -1,4 +1,4 @@
-"""`sglang-glm-ext`: doctor, flags, the patch manifest, and the L3 tools."""
+"""`sglang-glm-ext`: doctor, flags, the patch manifest, the L3 tools, and the L3 HiCache demo."""
 
 from __future__ import annotations
 
@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_l3_subcommands = None
     if add_l3_subcommands is not None:
         add_l3_subcommands(sub)
+    from ..l3.hicache.demo import add_demo_subcommand  # the main job: L3 under SGLang's real HiCache on a CPU
+
+    add_demo_subcommand(sub)
     return parser
 
 
@@ -79,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sys.stdout.write(text)
         return 0
+    if args.command == "demo":
+        from ..l3.hicache.demo import run_demo
+        from .register import register
+
+        return run_demo(args, register)
     handler = getattr(args, "func", None)
     if handler is None:
         parser.error(f"unknown command {args.command}")

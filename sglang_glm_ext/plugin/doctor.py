@@ -16,10 +16,14 @@ JSON schema (stable; bump SCHEMA on any breaking change, documented in README "d
              l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}],
              megamoe: {fp8_sm90: {possible, why}, fp4_sm100: {possible, why},
                        deep_gemm: {version, imports, error}, retired_env: [str], dg_use_fp4_acts_set: bool}}
+  l3: {active, [backend_class, hicache_storage_backend, config, extra_config | error,
+       state: {deployment_id, cold_start, ranks, require_plp, plp, index: {path, exists, entries_for_deployment,
+       entries_total}, slabs: [{rank, path, bytes, slots, page_bytes, namespace}]]}          (added in schema 1)
   (hugepages: null = the kernel did not say; `unknown` names why.)
 
 The GPU listing is plugin-wide (here); every other "hardware" key, and the problems that go with it, is a
-folder's part (`<folder>/doctor.py` report(), listed in plugin/registry.py DOCTOR_PARTS).
+folder's part (`<folder>/doctor.py` report(), listed in plugin/registry.py DOCTOR_PARTS). A part may also own
+top-level sections (`DoctorPart.sections`, e.g. "l3"): schema additions, never one of the keys above.
 
 A feature that SGLang's own arguments switch on (`Feature.active_when`: megamoe) is `active` when doctor is given
 those arguments (`doctor --moe-a2a-backend megamoe`, registry.SGLANG_ARGS, passed as `launch`); without them it
@@ -37,6 +41,7 @@ from typing import Any
 
 from ..declare import DoctorInput
 from ..hostmem import doctor as hostmem_doctor
+from ..l3 import doctor as l3_doctor
 from ..patching.ledger import State
 from . import __version__, compat, features, flags
 from . import register as plugin
@@ -126,9 +131,11 @@ def collect(flag_values: dict[str, Any] | None = None, launch: dict[str, Any] | 
     hardware: dict[str, Any] = {"cuda_available": cuda, "gpus": gpu_list}
     probe = DoctorInput(values=values, gpus=tuple(gpu_list), versions=versions,
                         launch={k: v for k, v in (launch or {}).items() if v is not None})
-    for part in DOCTOR_PARTS:  # each folder's part: its hardware keys and its problems
+    sections: dict[str, Any] = {}
+    for part in DOCTOR_PARTS:  # each folder's part: its hardware keys, its top-level sections and its problems
         got = part(probe)
         hardware.update(got.hardware)
+        sections.update(got.sections)
         problems.extend(got.problems)
     report = {
         "schema": SCHEMA,
@@ -143,6 +150,10 @@ def collect(flag_values: dict[str, Any] | None = None, launch: dict[str, Any] | 
         "features": feats,
         "hardware": hardware,
     }
+    clash = set(sections) & set(report)
+    if clash:  # a folder bug: never let it overwrite a fixed key of schema 1
+        raise RuntimeError(f"doctor parts claim fixed report keys: {sorted(clash)}")
+    report.update(sections)
     return report
 
 
@@ -177,6 +188,7 @@ def render_text(report: dict[str, Any]) -> str:
     for row in h["l3_paths"]:
         lines.append(f"  L3 path {row['path']}: o_direct={row.get('o_direct')} free={row.get('free_bytes')} "
                      f"budget={row.get('budget_bytes')}")
+    lines.extend(l3_doctor.render_section(report.get("l3") or {}))
     lines.append("OK" if report["ok"] else "PROBLEMS:\n  - " + "\n  - ".join(report["problems"]))
     return "\n".join(lines)
 
