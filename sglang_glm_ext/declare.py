@@ -3,7 +3,9 @@
 Feature folders import this module and nothing of `plugin/`; `plugin/registry.py` collects what they declare.
 A Feature holds its Flag and EnvVar records; each Patch points at its Feature. Whether a feature is switched on
 is derived from its own switch flags (and the env var riding on each), read from the plugin values carried on
-SGLang's ServerArgs record, so a hook asks its own FEATURE without the plugin machinery.
+SGLang's ServerArgs record, so a hook asks its own FEATURE without the plugin machinery. A feature that SGLang's
+own arguments switch on (megamoe: `--moe-a2a-backend megamoe`) says so with `active_when`, a predicate on that
+record.
 """
 
 from __future__ import annotations
@@ -81,26 +83,41 @@ class Feature:
     unavailable: str = ""
     # Checks this feature's flag values (all plugin flags, defaults filled in); raises PluginFlagError.
     validate: Callable[[Mapping[str, Any]], None] | None = field(default=None, compare=False)
+    # Switched on by SGLang's own arguments: a predicate on a ServerArgs record (it reads plain attributes, so
+    # doctor can hand it a namespace of the `sglang_args` it was given). None: only flags switch it on.
+    active_when: Callable[[Any], bool] | None = field(default=None, compare=False)
+    # The ServerArgs attributes `active_when` reads; doctor accepts each as an option (`--moe-a2a-backend`).
+    sglang_args: tuple[str, ...] = ()
 
-    def switched_on(self, values: Mapping[str, Any]) -> bool:
-        """Whether these plugin flag values (env vars folded in here) switch this feature on."""
-        return self.always_on or any(bool(f.value_in(values)) for f in self.flags if f.switch)
+    def switched_on(self, values: Mapping[str, Any], server_args: Any = None) -> bool:
+        """Whether these plugin flag values (env vars folded in here), or SGLang's own arguments `server_args`
+        when given (None: they are not asked), switch this feature on."""
+        if self.always_on or any(bool(f.value_in(values)) for f in self.flags if f.switch):
+            return True
+        return self.active_when is not None and server_args is not None and bool(self.active_when(server_args))
 
     def is_active(self, server_args: Any = None) -> bool:
-        """Whether the user switched this feature on for this launch: read from the values carried on
-        `server_args`, or on the record SGLang published in this process when none is given."""
-        return self.switched_on(carried_values(server_args))
+        """Whether the user switched this feature on for this launch: read from `server_args` (the values carried
+        on it, and SGLang's own arguments for `active_when`), or from the record SGLang published in this
+        process when none is given."""
+        record = server_args if server_args is not None else published_server_args()
+        return self.switched_on(carried_values(record), record)
+
+
+def published_server_args() -> Any:
+    """The ServerArgs record SGLang published in this process, or None (tools, tests, a process outside SGLang)."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return get_server_args()
+    except Exception:  # nothing published, or no SGLang: the caller falls back to defaults
+        return None
 
 
 def carried_values(server_args: Any = None) -> Mapping[str, Any]:
     """The plugin flag values attached to a ServerArgs record; {} when there are none (defaults apply)."""
     if server_args is None:
-        try:
-            from sglang.srt.runtime_context import get_server_args
-
-            server_args = get_server_args()
-        except Exception:  # no record published (tools, tests, a process outside SGLang): defaults
-            server_args = None
+        server_args = published_server_args()
     return getattr(server_args, CARRIER_ATTR, None) or {}
 
 
@@ -109,6 +126,9 @@ class Tier(str, enum.Enum):
     GUARD = "guard"
     # Feature patches change serving behaviour; only on an SGLang in their own sglang_versions (or when forced).
     FEATURE = "feature"
+    # Demo/test-only stand-ins (CPU copies of GPU ops): declared so the manifest and contract test cover them, but
+    # register() never applies them; only the feature's own guarded installer does, never in a server or by a GPU.
+    DEMO = "demo"
 
 
 @dataclass(frozen=True)
@@ -117,7 +137,7 @@ class Patch:
 
     id: str
     target: str  # dotted path of the patched attribute in SGLang
-    hook_type: str  # before | after | around | replace (SGLang HookType values)
+    hook_type: str  # before | after | around | replace (SGLang HookType values); bind: Tier.DEMO only
     hook: str  # "module:function" of our hook
     feature: Feature
     tier: Tier
@@ -142,11 +162,18 @@ class DoctorInput:
     values: Mapping[str, Any]  # the plugin flag values of the launch being checked (env vars folded in)
     gpus: tuple[Mapping[str, Any], ...]  # visible CUDA GPUs: {index, name, sm}
     versions: Mapping[str, str | None]  # python, sglang, torch, deep_gemm, flashinfer
+    # SGLang-side values of the launch being checked, given to doctor on its command line (not plugin flags):
+    # "hicache_size" (GB per rank, --hicache-size), "ranks_per_node" (--ranks-per-node), and each Feature's
+    # sglang_args ("moe_a2a_backend" from --moe-a2a-backend, ...). Absent when not given.
+    launch: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class DoctorPart:
-    """One folder's part of the doctor report: keys merged into "hardware", and problems (non-empty: exit 1)."""
+    """One folder's part of the doctor report: keys merged into "hardware", and problems (non-empty: exit 1).
+    ``sections``: top-level keys of the report this folder owns (e.g. "l3"); additions to doctor's schema 1,
+    never one of its fixed keys."""
 
     hardware: Mapping[str, Any]
     problems: tuple[str, ...] = ()
+    sections: Mapping[str, Any] = field(default_factory=dict)

@@ -63,3 +63,25 @@ def test_without_a_record_the_published_one_is_read_and_none_means_defaults(monk
 
     monkeypatch.setattr(rc, "get_server_args", unpublished)
     assert carried_values() == {} and not FEATURE.is_active()
+
+
+BY_SGLANG = Feature("by_sglang", "switched on by SGLang's own argument", "-", flags=(SWITCH,),
+                    active_when=lambda sa: getattr(sa, "some_backend", None) == "x", sglang_args=("some_backend",))
+
+
+def test_active_when_reads_sglangs_own_arguments_only_when_they_are_given():
+    assert not BY_SGLANG.switched_on({})  # SGLang's arguments not given: not asked
+    assert BY_SGLANG.switched_on({}, SimpleNamespace(some_backend="x"))
+    assert not BY_SGLANG.switched_on({}, SimpleNamespace(some_backend="y"))
+    assert not BY_SGLANG.switched_on({}, SimpleNamespace())  # a record without the attribute
+    assert BY_SGLANG.switched_on({"test_switch": True}, SimpleNamespace(some_backend="y"))  # its flag still works
+    assert not FEATURE.switched_on({}, SimpleNamespace(some_backend="x"))  # no predicate: arguments ignored
+
+
+def test_is_active_hands_active_when_the_record_given_or_published(monkeypatch):
+    import sglang.srt.runtime_context as rc
+
+    assert BY_SGLANG.is_active(SimpleNamespace(some_backend="x"))
+    assert BY_SGLANG.is_active(SimpleNamespace(some_backend="y", **{CARRIER_ATTR: {"test_switch": True}}))
+    monkeypatch.setattr(rc, "get_server_args", lambda: SimpleNamespace(some_backend="x"))
+    assert BY_SGLANG.is_active() and not FEATURE.is_active()

@@ -117,13 +117,29 @@ def test_declare_imports_only_the_standard_library_at_import_time():
     assert all(n.split(".")[0] in sys.stdlib_module_names for n in names), names
 
 
+# The SGLang side of a feature, which may import SGLang at import time: every hooks.py (a folder's own or a
+# sub-folder's), and a class SGLang instantiates by module path that must subclass SGLang's base when its module is
+# imported (the HiCache storage backend: SGLang's `dynamic` factory imports it by name, only when L3 is on).
+SGLANG_SIDE = {"sglang_glm_ext.l3.hicache.backend"}
+
+
+def _feature_cores(folder: str) -> list[pathlib.Path]:
+    """Every module of a feature folder and its sub-folders, but its SGLang side (see SGLANG_SIDE)."""
+    return [p for p in sorted((PKG / folder).rglob("*.py"))
+            if "__pycache__" not in p.parts and p.name != "hooks.py" and _module_name(p) not in SGLANG_SIDE]
+
+
+def test_sub_folders_belong_to_their_feature_folder():
+    # A sub-folder (l3/hicache/, l3/tools/) is part of its feature: the same import rules, the same core rule.
+    assert _part("sglang_glm_ext.l3.hicache.backend") == "l3"
+    assert any(p.parent.name == "hicache" for p in _feature_cores("l3"))
+
+
 def test_feature_cores_import_no_sglang_at_import_time_statically():
     # hooks.py is the thin SGLang side of a feature; every other module of a feature folder is its core.
     offenders = []
     for folder in FEATURE_FOLDERS:
-        for path in sorted((PKG / folder).glob("*.py")):
-            if path.name == "hooks.py":
-                continue
+        for path in _feature_cores(folder):
             bad = {n for n in _imports(path, import_time_only=True) if n == "sglang" or n.startswith("sglang.")}
             if bad:
                 offenders.append(f"{path.relative_to(PKG.parent)}: {sorted(bad)}")
@@ -133,7 +149,7 @@ def test_feature_cores_import_no_sglang_at_import_time_statically():
 def test_importing_feature_cores_and_the_registry_loads_no_sglang():
     # The same rule, transitively: a fresh interpreter imports every feature core (and the registry that
     # register() reads in every SGLang process) and must end with no SGLang module loaded.
-    cores = [_module_name(p) for f in FEATURE_FOLDERS for p in sorted((PKG / f).glob("*.py")) if p.name != "hooks.py"]
+    cores = [_module_name(p) for f in FEATURE_FOLDERS for p in _feature_cores(f)]
     code = (
         "import importlib, json, sys\n"
         f"for m in {cores + ['sglang_glm_ext.plugin.registry']!r}:\n"

@@ -8,7 +8,8 @@ thread exists (so it alone touches the pools and LRUs here).
   not one 4 KiB read per page). An entry of this rank and namespace is kept if its slab is one this build may keep
   (see below), it names this rank's disk and a slot in range, and no newer entry names the same slot; every other
   entry of this rank is deleted before the writer starts. So the entries that name this rank's slabs are exactly
-  the allocated slots (l3_design.md, crash-safety point 3).
+  the allocated slots (l3_design.md, crash-safety point 3). A kind the store adds after open (``add_kind``:
+  SGLang's sidecar draft pools) gets the same rule from :func:`load_kind` before the writer takes its pool over.
 
 Why no slab read is needed: an entry is committed only after its payload's fdatasync (and reclaim deletes the
 entry before the slot is reused), so a kept entry names a slot that held its page when the index said so; and every
@@ -30,14 +31,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Collection, Mapping
 
 from .errors import L3StoreError
 from .format import FORMAT_VERSION, PayloadKind
 from .index import IndexEntry, KeySpace, L3Index
 from .kinds import KindState
 
-__all__ = ["ColdStart", "apply", "slab_verdict"]
+__all__ = ["ColdStart", "apply", "load_kind", "slab_verdict"]
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,11 @@ def slab_verdict(st: KindState, meta: "dict | None") -> "str | None":
 
 
 def apply(mode: str, index: L3Index, keys: KeySpace, rank: int, disk: int,
-          kinds: Mapping[PayloadKind, KindState], prior_meta: Mapping[PayloadKind, "dict | None"]) -> ColdStart:
+          kinds: Mapping[PayloadKind, KindState], prior_meta: Mapping[PayloadKind, "dict | None"],
+          deferred: Collection[PayloadKind] = ()) -> ColdStart:
+    """``prior_meta``: each open kind's slab sidecar as the previous owner left it (read before this open rewrote
+    it). ``deferred``: kinds the config sizes on its own that are not open yet (``load`` leaves their entries for
+    :func:`load_kind`, run when the store adds the kind)."""
     if mode == "clear":
         index.delete_for(keys.deployment, rank)  # every namespace; by position if the index is damaged
         for st in kinds.values():
@@ -92,33 +97,63 @@ def apply(mode: str, index: L3Index, keys: KeySpace, rank: int, disk: int,
     loaded, discarded = 0, []
     for kind, items in by_kind.items():
         st = kinds.get(kind)
+        if st is None and kind in deferred:
+            continue  # load_kind decides when the store adds the kind (nobody writes its slab until then)
         why = "a kind this store does not serve" if st is None else slab_verdict(st, prior_meta.get(kind))
         if why is not None:
-            stale.extend(items)  # not ours to keep: its slots are (or become) this store's free slots
-            discarded.append((kind.label, why))
-            log.info("L3 cold start (load), rank %d: dropping %d entries of %s: %s", rank, len(items),
-                     discarded[-1][0], why)
+            _discard(kind, items, why, rank, stale, discarded)
             continue
-        # One entry per slot: the newest commit wins (a slot is rewritten only after its older entry's delete
-        # committed, so a duplicate is a delete that never landed); verify-on-read covers the rest.
-        best: dict[int, tuple[bytes, IndexEntry]] = {}
-        n = st.num_slots
-        for item in items:
-            e = item[1]
-            if e.disk != disk or not 0 <= e.slot < n:
-                stale.append(item)
-                continue
-            other = best.setdefault(e.slot, item)
-            if other is not item:
-                if e.last_access > other[1].last_access:
-                    stale.append(other)
-                    best[e.slot] = item
-                else:
-                    stale.append(item)
-        st.pool.rebuild_from_allocated(list(best))
-        st.lru.load([(key, e.last_access, slot) for slot, (key, e) in best.items()])
-        loaded += len(best)
+        loaded += _keep(st, items, disk, stale)
     # Stale entries point at slots this rank may now hand out: remove them before any write can happen.
     if stale and index.delete_scanned(stale, damaged=bool(scan.damaged)) is None:
         raise L3StoreError("index map full while dropping stale entries; enlarge index.map_size")
     return ColdStart(mode, loaded, len(stale), tuple(discarded))
+
+
+def load_kind(index: L3Index, keys: KeySpace, rank: int, disk: int, st: KindState,
+              prior_meta: "dict | None") -> ColdStart:
+    """``load`` for one kind a store adds after open, before the writer owns its pool: the same rule as
+    :func:`apply` (index entries alone, no slab read; a slab it cannot vouch for keeps none), over this rank's
+    entries of that kind only (nobody else writes this rank's slab of it)."""
+    scan = index.scan(keys.prefix(st.kind))
+    items = [item for item in scan.items if item[1].rank == rank]
+    stale: list[tuple[bytes, IndexEntry]] = []
+    discarded: list = []
+    loaded = 0
+    why = slab_verdict(st, prior_meta) if items else None
+    if why is not None:
+        _discard(st.kind, items, why, rank, stale, discarded)
+    else:
+        loaded = _keep(st, items, disk, stale)
+    if stale and index.delete_scanned(stale, damaged=bool(scan.damaged)) is None:
+        raise L3StoreError("index map full while dropping stale entries; enlarge index.map_size")
+    return ColdStart("load", loaded, len(stale), tuple(discarded))
+
+
+def _discard(kind: PayloadKind, items: list, why: str, rank: int, stale: list, discarded: list) -> None:
+    stale.extend(items)  # not ours to keep: its slots are (or become) this store's free slots
+    discarded.append((kind.label, why))
+    log.info("L3 cold start (load), rank %d: dropping %d entries of %s: %s", rank, len(items), kind.label, why)
+
+
+def _keep(st: KindState, items: list, disk: int, stale: list) -> int:
+    """Occupy exactly the slots this kind's entries name (on this rank's disk, in range, one entry per slot: the
+    newest commit wins, since a slot is rewritten only after its older entry's delete committed, so a duplicate is
+    a delete that never landed; verify-on-read covers the rest); append every other entry to ``stale``."""
+    best: dict[int, tuple[bytes, IndexEntry]] = {}
+    n = st.num_slots
+    for item in items:
+        e = item[1]
+        if e.disk != disk or not 0 <= e.slot < n:
+            stale.append(item)
+            continue
+        other = best.setdefault(e.slot, item)
+        if other is not item:
+            if e.last_access > other[1].last_access:
+                stale.append(other)
+                best[e.slot] = item
+            else:
+                stale.append(item)
+    st.pool.rebuild_from_allocated(list(best))
+    st.lru.load([(key, e.last_access, slot) for slot, (key, e) in best.items()])
+    return len(best)

@@ -8,13 +8,17 @@ would later misread. Environment overrides are applied here too, once (``SGLANG_
 Budget split (the documented rule):
 
 1. A disk's ``budget`` is divided equally among the ranks mapped to it (``ranks_on_disk``), rounded down.
-2. A rank's share is divided among the payload kinds the store is opened with:
+2. A rank's share is divided among the payload kinds:
 
-   * ``payload_split = "equal_slots"`` (default): every kind gets the same number of slots,
-     ``n = rank_bytes // sum(slot_bytes[k])``. A page of target KV comes with a page of draft KV / index_k for
-     the same tokens, so equal slot counts mean no kind runs out before the others.
+   * ``payload_split = "equal_slots"`` (default): every kind the store is opened with gets the same number of
+     slots, ``n = rank_bytes // sum(slot_bytes[k])``. A page of target KV comes with a page of draft KV / index_k
+     for the same tokens, so equal slot counts mean no kind runs out before the others. The count depends on the
+     kinds opened together, so no kind can be added after open (``add_kind``) under this rule.
    * ``[payload_weights]`` (``target_kv = 0.8``, ``index_k = 0.2`` ...): kind ``k`` gets
-     ``floor(rank_bytes * w_k / sum(w) / slot_bytes[k])`` slots. A kind opened without a weight is an error.
+     ``floor(rank_bytes * w_k / sum(w) / slot_bytes[k])`` slots, the sum over EVERY kind the table declares, opened
+     or not. So a kind's slab depends on the config alone: a kind added after open (a sidecar draft pool SGLang
+     registers after the storage attach) and a restart that opens every kind at once get the same geometry. A
+     declared kind that is never opened keeps its share unused. A kind opened without a weight is an error.
 
 A kind that ends up with zero slots is a loud error at open (the budget is too small for one page).
 """
@@ -333,6 +337,20 @@ class L3Config:
         d = self.disk_for_rank(rank)
         return self.disks[d].budget // len(self.ranks_on_disk(d))
 
+    @property
+    def addable_kinds(self) -> tuple[str, ...]:
+        """Kinds whose slab the config sizes on its own (a weight each): the kinds a store may add after open."""
+        return tuple(self.payload_weights) if self.payload_weights is not None else ()
+
+    def slots_for_kind(self, rank: int, kind: str, slot_bytes: int) -> int:
+        """Slots of one kind for this rank, from the config alone (``payload_weights``); what ``add_kind`` uses."""
+        if self.payload_weights is None:
+            raise L3ConfigError(
+                f"payload_split = 'equal_slots' sizes each payload kind from the kinds a store opens together, so "
+                f"{kind} cannot be added after open: use payload_split = 'weights' with a [payload_weights] entry "
+                f"for every kind (e.g. target_kv = 0.7, index_k = 0.15, {kind} = 0.15)")
+        return self.slots_per_kind(rank, {kind: slot_bytes})[kind]
+
     def slots_per_kind(self, rank: int, slot_bytes: Mapping[str, int]) -> dict[str, int]:
         """Slots per payload kind (keys: lower-case kind names) for this rank; see the module docstring rule."""
         if not slot_bytes:
@@ -345,7 +363,7 @@ class L3Config:
             for k in slot_bytes:
                 if k not in self.payload_weights:
                     raise L3ConfigError(f"payload_weights.{k}: no weight for payload kind {k!r} that the store uses")
-            total_w = sum(self.payload_weights[k] for k in slot_bytes)
+            total_w = sum(self.payload_weights.values())  # every declared kind: independent of what is opened
             out = {k: int(budget * self.payload_weights[k] / total_w) // b for k, b in slot_bytes.items()}
         for k, n in out.items():
             if n < 1:
@@ -394,6 +412,15 @@ max_inflight = 256
 write_batch_pages = 32
 io_threads = 4
 reload_threads = 4
+
+# Sidecar draft pools (non-NextN EAGLE) need every kind sized from the config alone (put payload_split above the
+# first table):
+# payload_split = "weights"
+# [payload_weights]
+# target_kv = 0.6
+# index_k = 0.15
+# draft_kv = 0.15
+# draft_index_k = 0.1
 '''
 
 

@@ -22,6 +22,7 @@ class Counters:
     write_errors: int = 0
     index_full: int = 0
     reload_hits: int = 0
+    reload_from_staging: int = 0  # of reload_hits: served from a staged page's buffer (not durable yet)
     reload_misses: int = 0
     reload_bad_dst: int = 0   # destinations that cannot take the page in place (too small, strided, read-only)
     verify_failures: int = 0

@@ -1,4 +1,6 @@
-"""L3's part of `doctor`: each configured L3 path (exists, O_DIRECT, free space against its budget)."""
+"""L3's part of `doctor`: each configured L3 path (exists, O_DIRECT, free space against its budget) under
+"hardware", and the top-level "l3" section (backend class, resolved extra config, L3 state on disk; hicache/doctor.py).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +9,23 @@ from typing import Any
 from ..declare import DoctorInput, DoctorPart
 from .feature import CP_L3_CONFIG
 
+__all__ = ["report", "l3_paths", "render_section"]
+
 
 def report(inp: DoctorInput) -> DoctorPart:
+    from .hicache.doctor import report as backend_report
+
     rows, problems = l3_paths(inp.values.get(CP_L3_CONFIG.name))
-    return DoctorPart({"l3_paths": rows}, tuple(problems))
+    section, more = backend_report(inp.values)
+    problems.extend(p for p in more if p not in problems)  # a bad config is one problem, not one per part
+    return DoctorPart({"l3_paths": rows}, tuple(problems), sections={"l3": section})
+
+
+def render_section(section: dict) -> list[str]:
+    """The "l3" section as text lines (plugin/doctor.py render_text)."""
+    from .hicache.doctor import render
+
+    return render(section)
 
 
 def l3_paths(config_path: str | None) -> tuple[list[dict[str, Any]], list[str]]:

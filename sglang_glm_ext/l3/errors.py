@@ -13,8 +13,9 @@ class L3StoreError(RuntimeError):
 
 class L3OwnerLockedError(L3StoreError):
     """Another live store owns this (deployment, rank) on this index: in another process, or in this one
-    (``in_this_process``; then :meth:`L3Store.find_open` returns it, for callers that share one store per
-    (config, rank) per process). ``holder`` is what the owner recorded (pid, host, slab_dir) or None."""
+    (``in_this_process``: this process has it open with another config, namespace or payload kinds; an open that
+    matches gets a handle onto that store instead). ``holder`` is what the owner recorded (pid, host, slab_dir)
+    or None."""
 
     def __init__(self, msg: str, *, holder: "dict | None", in_this_process: bool):
         super().__init__(msg)

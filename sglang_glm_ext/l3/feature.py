@@ -44,14 +44,12 @@ def _check_config(path: str | None) -> None:
         raise PluginFlagError(f"--cp-l3-config {path!r}: {exc}") from exc
 
 
+# The switch reaches SGLang as its own `dynamic` HiCache storage backend (hicache/hooks.py, l3/patches.py); the
+# launch-level checks that need the whole ServerArgs record (HiCache on, no explicit storage backend, writable
+# paths, PLP) run there, before resolve_once.
 FEATURE = Feature(
-    "l3", "durable L3 disk tier for HiCache (engine, fsck, bench)",
-    "231-250, 367-392, 426-457, 476-521",
+    "l3", "durable L3 disk tier for HiCache: SGLang's storage backend (one rank), engine, fsck, bench, demo",
+    "163-180, 231-250, 251-281, 367-392, 393-425, 426-457, 458-486, 476-521",
     flags=(ENABLE_CP_L3, CP_L3_CONFIG), env=(CP_L3_COLD_START,),
-    unavailable=(
-        "the L3 engine and `sglang-glm-ext l3` tools ship in this build, but its wiring into SGLang's "
-        "HiCache (the storage backend behind --enable-cp-l3) does not yet; serving with --enable-cp-l3 "
-        "would silently run without L3, so it is refused"
-    ),
     validate=validate,
 )

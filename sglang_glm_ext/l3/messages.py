@@ -4,6 +4,7 @@
 
     caller    --StagedPage------------------> writer      Staging's write queue; the bytes sit in a staging buffer
     caller    --FreePages/ClearRank/Barrier--> writer      Writer.post; each one is acknowledged, also when it fails
+              /AddKind
     caller    --Touch / bad IndexEntry-------> writer      Writer.note_reloads; one slot per page, latest wins
     writer    --[PendingWrite]---------------> committer   a bounded queue: a slow disk stalls the writer, never a caller
     committer --[WriteResult]----------------> writer      the writer alone applies them to the pools and the LRU
@@ -27,7 +28,7 @@ from .index import IndexEntry
 if TYPE_CHECKING:
     from .kinds import KindState
 
-__all__ = ["Admission", "StagedPage", "FreePages", "ClearRank", "Barrier", "ControlOp", "Completion", "Touch",
+__all__ = ["Admission", "StagedPage", "FreePages", "ClearRank", "Barrier", "AddKind", "ControlOp", "Completion", "Touch",
            "Failure", "failure", "PendingWrite", "WriteOutcome", "WriteResult", "ReloadMiss"]
 
 
@@ -44,7 +45,8 @@ class Admission(enum.Enum):
 class StagedPage:
     """A page accepted by ``spill`` and not yet finished (durable, deduplicated or failed). ``buf`` holds the
     sealed-to-be slot (header space + payload + zero pad) until the writer finishes it; ``cancelled`` is set by
-    ``free`` / ``clear`` and read by the writer and the committer."""
+    ``free`` / ``clear`` and read by the writer and the committer. ``readers`` counts reloads copying out of
+    ``buf`` right now; a page finished while it is read is ``retired`` and its last reader releases the buffer."""
 
     seq: int
     kind: PayloadKind
@@ -52,6 +54,8 @@ class StagedPage:
     key: bytes  # its index key
     buf: "AlignedBuffer | None"
     cancelled: bool = False
+    readers: int = 0
+    retired: bool = False
 
 
 class Completion(threading.Event):
@@ -80,7 +84,17 @@ class Barrier:
     name: ClassVar[str] = "barrier"
 
 
-ControlOp = Union[FreePages, ClearRank, Barrier]
+@dataclass(frozen=True)
+class AddKind:
+    """A payload kind the store added after open (``add_kind``): its slab and pool, loaded already; from now on the
+    writer owns them."""
+
+    state: "KindState"
+    done: Completion
+    name: ClassVar[str] = "add_kind"
+
+
+ControlOp = Union[FreePages, ClearRank, Barrier, AddKind]
 
 
 class Touch(NamedTuple):

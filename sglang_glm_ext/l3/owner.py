@@ -64,7 +64,7 @@ class OwnerLock:
             if mine is not None:
                 raise OwnerLockHeld(
                     f"{what} is locked by a store already open in this process; open one store per "
-                    f"(config, rank) per process and share it (L3Store.find_open returns it)",
+                    f"(config, rank) per process and share it (L3Store.open hands out handles onto it)",
                     path=path, holder=_read_holder(path), in_this_process=True)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
             try:

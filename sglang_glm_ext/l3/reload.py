@@ -70,6 +70,11 @@ class SlabReads:
             for kind in kinds:
                 self._open(r, config.disk_for_rank(r), kind)
 
+    def add_kind(self, kind: PayloadKind, slot_bytes: int) -> None:
+        """Readers of one more kind (``L3Store.add_kind``): opened by the first reload that needs each slab."""
+        with self._lock:
+            self._slot_bytes[kind] = slot_bytes
+
     # ------------------------------------------------------------------ reads
     def run_all(self, fn, jobs: list) -> list:
         """``[fn(job) for job in jobs]``, spread over the read pool in ``reload_threads`` interleaved runs (one task

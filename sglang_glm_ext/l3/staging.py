@@ -5,9 +5,11 @@ deduplicated, dropped or failed), which releases their buffers. Everything here 
 :attr:`StagedPages.cond`, the one condition of the caller/writer hand-off: the writer sleeps on it until any hand-off
 (this queue, its control queue, reload touches, committed batches) has work.
 
-Where the next steps go (not built yet): a staged page visible to ``exists`` / ``reload`` until it is durable is
-:meth:`StagedPages.find` plus a reader count on the page that :meth:`StagedPages.finish` waits out before it releases
-the buffer.
+A staged page is visible to ``exists`` and served by ``reload`` until it is durable (what SGLang expects of a
+backend: a page it just handed over is there at once): :meth:`StagedPages.borrow` takes a reader reference on a page
+that is staged and not cancelled; :meth:`StagedPages.finish` never releases a buffer a reader holds (the page is
+retired, and :meth:`StagedPages.give_back` of its last reader releases it). A page whose write fails is finished
+like any other, so it leaves the in-flight map and stops being visible; a reader that copied it got its bytes.
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ class StagingPool:
         self.allocated = 0  # bytes of buffers that exist (in use or free); never exceeds cap
         self.in_use = 0
         self.peak_allocated = 0
+
+    def add_kind(self, kind: PayloadKind, size: int) -> None:
+        """Buffers of one more kind (``L3Store.add_kind``), under the same byte cap."""
+        with self._lock:
+            self.sizes.setdefault(kind, size)
+            self._free.setdefault(kind, [])
 
     def acquire(self, kind: PayloadKind) -> AlignedBuffer | None:
         size = self.sizes[kind]
@@ -133,6 +141,42 @@ class StagedPages:
         """Under :attr:`cond`. The staged page, if any."""
         return self._staged.get((kind, content_hash))
 
+    def visible(self, kind: PayloadKind, hashes: "list[bytes]") -> list[bool]:
+        """Whether each page is staged and not cancelled (so a reload could still be served from staging)."""
+        staged = self._staged
+        with self.cond:
+            out = []
+            for h in hashes:
+                page = staged.get((kind, h))
+                out.append(page is not None and not page.cancelled and page.buf is not None)
+            return out
+
+    def borrow(self, kind: PayloadKind, hashes: "list[bytes | None]") -> "list[StagedPage | None]":
+        """A reader reference on each page that is staged and not cancelled (None for the others). Every page
+        returned must go back through :meth:`give_back`; until then its buffer is never released or reused."""
+        staged = self._staged
+        with self.cond:
+            out: list[StagedPage | None] = []
+            for h in hashes:
+                page = staged.get((kind, h)) if h is not None else None
+                if page is None or page.cancelled or page.buf is None:
+                    out.append(None)
+                    continue
+                page.readers += 1
+                out.append(page)
+            return out
+
+    def give_back(self, pages: "list[StagedPage | None]") -> None:
+        """Drop the reader references :meth:`borrow` took; the last reader of a retired page releases its buffer."""
+        with self.cond:
+            for page in pages:
+                if page is None:
+                    continue
+                page.readers -= 1
+                if not page.readers and page.retired and page.buf is not None:
+                    self.pool.release(page.kind, page.buf)
+                    page.buf = None
+
     def cancel_all(self) -> None:
         """Under :attr:`cond`. Every staged page is cancelled (clear)."""
         for page in self._staged.values():
@@ -149,10 +193,14 @@ class StagedPages:
         return [self.queue.popleft() for _ in range(min(n, len(self.queue)))]
 
     def finish(self, page: StagedPage) -> None:
-        """Under :attr:`cond`. Release the page's buffer and mark it done, exactly once."""
+        """Under :attr:`cond`. Release the page's buffer (or leave it to its last reader) and mark it done, exactly
+        once."""
         if page.buf is not None:
-            self.pool.release(page.kind, page.buf)
-            page.buf = None
+            if page.readers:
+                page.retired = True  # a reload is copying out of it: give_back releases it
+            else:
+                self.pool.release(page.kind, page.buf)
+                page.buf = None
         if self._staged.get((page.kind, page.content_hash)) is page:
             del self._staged[(page.kind, page.content_hash)]
         self.done += 1

@@ -26,15 +26,19 @@ Invariants (the crash-safety argument is in docs_internal/l3_design.md):
    index value) costs only its own page. Bad configuration raises at ``open``.
 5. A blob is checked against the page asked for AND this deployment (``Namespace.digest_for``); reload returns
    True only when the verified bytes are in the caller's own buffer (C-contiguous, writable, large enough).
-6. One live store per (index, deployment, rank), on the node and in the process (``OwnerLock``).
+6. One live store per (index, deployment, rank), on the node and in the process (``OwnerLock``). In the process
+   it is shared: ``L3Store.open`` hands out counted handles onto the one ``SharedStore`` (same config, namespace and
+   kinds, else refused), its cold start runs at the first open, and the last handle's close closes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import itertools
 import logging
 import os
+import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -49,7 +53,7 @@ from .format import FORMAT_VERSION, PAYLOAD_OFFSET, BlobCheck, Namespace, Payloa
 from .fsutil import make_private_dirs
 from .index import KeySpace, L3Index, deployment_tag, now_us
 from .kinds import KindState, PageLRU
-from .messages import Admission, ClearRank, Completion, FreePages, ReloadMiss, Touch
+from .messages import AddKind, Admission, ClearRank, Completion, FreePages, ReloadMiss, Touch
 from .owner import OwnerLock, OwnerLockHeld
 from .reload import SlabReads, blames_entry
 from .slab_dir import check_slab_owner, read_slab_meta, slab_path, write_slab_meta
@@ -60,7 +64,8 @@ from .writer import Writer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["L3Store", "L3StoreError", "L3OwnerLockedError", "ReadOnlySlab", "slab_path", "read_slab_meta"]
+__all__ = ["L3Store", "SharedStore", "L3StoreError", "L3OwnerLockedError", "ReadOnlySlab", "slab_path",
+           "read_slab_meta"]
 
 # Kept importable from here for callers written against the single-file store; their homes are in the imports.
 ReadOnlySlab = SlabReader
@@ -86,24 +91,24 @@ def _per_page(seq, n: int) -> list:
     return (items + [None] * n)[:n]
 
 
-class L3Store:
-    """One rank's view of the L3 tier. Build with :meth:`open`."""
+def _parse_kinds(page_bytes: Mapping[PayloadKind | str, int]) -> dict[PayloadKind, int]:
+    kinds: dict[PayloadKind, int] = {}
+    for k, n in page_bytes.items():
+        try:
+            kind = PayloadKind.parse(k)
+        except ValueError as e:
+            raise L3ConfigError(f"page_bytes: {e}") from None
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise L3ConfigError(f"page_bytes.{kind.label}: expected a positive int, got {n!r}")
+        kinds[kind] = n
+    if not kinds:
+        raise L3ConfigError("page_bytes: at least one payload kind is required")
+    return kinds
 
-    # ------------------------------------------------------------------ open
-    @classmethod
-    def open(cls, config: L3Config, *, rank: int, namespace: Namespace,
-             page_bytes: Mapping[PayloadKind | str, int], cold_start: str | None = None) -> "L3Store":
-        """Open this rank's slabs, check PLP, open the index, apply the cold-start policy, start the writer.
 
-        Every failure here is loud (:class:`L3StoreError` / :class:`L3ConfigError`). ``cold_start`` overrides the
-        config's mode (tests and tools; the config already carries SGLANG_CP_L3_COLD_START).
-
-        A second open of the same (index, deployment, rank) in this process is refused with
-        ``L3OwnerLockedError.in_this_process``; a caller that shares one store per (config, rank) among several
-        users finds the live one with :meth:`find_open`. Sharing inside ``open`` (a reference-counted handle that
-        checks namespace and kinds match) would go here, before the owner lock is taken.
-        """
-        return cls(config, rank=rank, namespace=namespace, page_bytes=page_bytes, cold_start=cold_start)
+class SharedStore:
+    """One rank's view of the L3 tier: the one store of (index, deployment, rank) in this process. Callers never
+    build it: :meth:`L3Store.open` does, once, and hands out counted :class:`L3Store` handles onto it."""
 
     def __init__(self, config: L3Config, *, rank: int, namespace: Namespace,
                  page_bytes: Mapping[PayloadKind | str, int], cold_start: str | None = None):
@@ -115,20 +120,12 @@ class L3Store:
         mode = cold_start or config.cold_start
         if mode not in COLD_START_MODES:
             raise L3ConfigError(f"cold_start: unknown mode {mode!r} (expected 'clear' or 'load')")
-        kinds: dict[PayloadKind, int] = {}
-        for k, n in page_bytes.items():
-            try:
-                kind = PayloadKind.parse(k)
-            except ValueError as e:
-                raise L3ConfigError(f"page_bytes: {e}") from None
-            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-                raise L3ConfigError(f"page_bytes.{kind.label}: expected a positive int, got {n!r}")
-            kinds[kind] = n
-        if not kinds:
-            raise L3ConfigError("page_bytes: at least one payload kind is required")
+        kinds = _parse_kinds(page_bytes)
 
         self.config = config
         self.rank = rank
+        self.refs = 0  # L3Store handles open on it (L3Store.open / close, under _OPEN_LOCK)
+        self.owner_path = OwnerLock.path_for(config.index_path, config.deployment_id, rank)
         self.namespace = namespace
         # Every blob is sealed with, and checked against, a digest of the namespace AND the deployment: a blob of
         # another deployment never verifies here even if the two ever share slab files.
@@ -142,6 +139,7 @@ class L3Store:
         self._keys = KeySpace(self.dep, self.ns)
         self._kinds: dict[PayloadKind, KindState] = {}
         self._reads: SlabReads | None = None
+        self._add_lock = threading.Lock()
         self.index: L3Index | None = None
         self._owner: OwnerLock | None = None
 
@@ -165,14 +163,6 @@ class L3Store:
             self._close_files()
             raise
 
-    @classmethod
-    def find_open(cls, config: L3Config, rank: int) -> "L3Store | None":
-        """The store this process has open for (config's index, deployment, rank), or None. A caller that must
-        share one store per (config, rank) per process (the HiCache backend) looks here before :meth:`open`."""
-        lock = OwnerLock.find(config.index_path, config.deployment_id, rank)
-        store = lock.owner if lock is not None else None
-        return store if isinstance(store, cls) and not store._closed else None
-
     def _open_owned(self, kinds: dict[PayloadKind, int], slot_bytes, nslots, sdir: str, mode: str) -> None:
         """The rest of open, run once this store owns (deployment, rank): slabs, PLP, index, cold start, threads."""
         config, rank = self.config, self.rank
@@ -192,22 +182,12 @@ class L3Store:
         except Exception as e:
             raise L3StoreError(f"disks[{self.disk}]: power-loss protection check failed: {e}") from e
 
-        direct = {"auto": "auto", "on": True, "off": False}[config.direct_io]
-        seq = itertools.count(1)  # one LRU push order across the kinds
+        self._seq = itertools.count(1)  # one LRU push order across the kinds
         prior_meta: dict[PayloadKind, dict | None] = {}  # each slab's sidecar as the previous owner left it
         try:
             for kind, pb in kinds.items():
-                path = slab_path(config, rank, kind)
-                n = nslots[kind.label]
-                slab = DiskSlab.open(path, slot_bytes=slot_bytes[kind], num_slots=n, create=True, direct=direct)
-                self._kinds[kind] = KindState(kind, pb, slot_bytes[kind], n, slab, SlotPool(n), PageLRU(seq))
-                check_slab_owner(path, config.deployment_id, rank)
-                prior_meta[kind] = read_slab_meta(path)
-                write_slab_meta(path, {
-                    "format_version": FORMAT_VERSION, "kind": kind.label, "slot_bytes": slot_bytes[kind],
-                    "num_slots": n, "page_bytes": pb, "deployment_id": config.deployment_id,
-                    "rank": rank, "disk": self.disk, "ns_digest": self.ns.hex(),
-                })
+                self._kinds[kind], prior_meta[kind] = self._open_kind(kind, pb, slot_bytes[kind],
+                                                                      nslots[kind.label])
             self.index = L3Index.open(config.index_path, config.index_map_size)
         except Exception as e:
             self._close_files()
@@ -216,8 +196,10 @@ class L3Store:
             raise L3StoreError(f"L3 store open failed for rank {rank}: {type(e).__name__}: {e}") from e
 
         # Cold start runs single-threaded, BEFORE the writer exists: the writer is the sole pool/LRU owner after.
+        # Entries of kinds the config sizes alone but that are not open yet wait for add_kind (load_kind).
+        deferred = [k for k in map(PayloadKind.parse, config.addable_kinds) if k not in self._kinds]
         try:
-            done = coldstart.apply(mode, self.index, self._keys, rank, self.disk, self._kinds, prior_meta)
+            done = coldstart.apply(mode, self.index, self._keys, rank, self.disk, self._kinds, prior_meta, deferred)
         except Exception as e:
             self._close_files()
             raise L3StoreError(f"cold_start={mode}: failed for rank {rank}: {type(e).__name__}: {e}") from e
@@ -230,6 +212,72 @@ class L3Store:
         self._writer = Writer(config, rank=rank, disk=self.disk, keys=self._keys, index=self.index,
                               kinds=self._kinds, staged=self._staged, counters=self.c)
         self._writer.start()
+
+    def _open_kind(self, kind: PayloadKind, page_bytes: int, slot_bytes: int,
+                   num_slots: int) -> "tuple[KindState, dict | None]":
+        """This rank's slab of one kind (created or checked against its geometry) and its sidecar, and the sidecar
+        as the previous owner left it (read before it is rewritten here: a ``load`` cold start keeps a slab's
+        entries only if it shows this format and geometry, coldstart.slab_verdict)."""
+        config, rank = self.config, self.rank
+        path = slab_path(config, rank, kind)
+        direct = {"auto": "auto", "on": True, "off": False}[config.direct_io]
+        slab = DiskSlab.open(path, slot_bytes=slot_bytes, num_slots=num_slots, create=True, direct=direct)
+        state = KindState(kind, page_bytes, slot_bytes, num_slots, slab, SlotPool(num_slots), PageLRU(self._seq))
+        try:
+            check_slab_owner(path, config.deployment_id, rank)
+            prior = read_slab_meta(path)
+            write_slab_meta(path, {
+                "format_version": FORMAT_VERSION, "kind": kind.label, "slot_bytes": slot_bytes,
+                "num_slots": num_slots, "page_bytes": page_bytes, "deployment_id": config.deployment_id,
+                "rank": rank, "disk": self.disk, "ns_digest": self.ns.hex(),
+            })
+        except BaseException:
+            slab.close()
+            raise
+        return state, prior
+
+    def add_kind(self, kind, page_bytes: int, timeout: float = 30.0) -> None:
+        """Serve one more payload kind from now on (SGLang registers sidecar draft host pools after the storage
+        attach). Its slab is sized by the config alone (``L3Config.slots_for_kind``: ``payload_weights``), so it is
+        the same slab whether the kind is added later or opened with the others. Under ``load`` its durable pages
+        from before are kept (from the index alone, coldstart.load_kind), as at open. Idempotent for the same page size; loud
+        (:class:`L3ConfigError` / :class:`L3StoreError`) for a size it cannot hold or a rule that cannot size it.
+        The writer takes the new pool over through its control queue, so it stays the pools' only owner."""
+        kind = _parse_kinds({kind: page_bytes}).popitem()[0]
+        with self._add_lock:
+            st = self._kinds.get(kind)
+            if st is not None:
+                if st.page_bytes != page_bytes:
+                    raise L3StoreError(f"payload kind {kind.label} is open with {st.page_bytes} B pages; "
+                                       f"{page_bytes} B asked (one geometry per kind and namespace)")
+                return
+            if self._closed:
+                raise L3StoreError(f"rank {self.rank}'s L3 store is closed; cannot add {kind.label}")
+            sb = slot_bytes_for(page_bytes)
+            n = self.config.slots_for_kind(self.rank, kind.label, sb)
+            try:
+                state, prior = self._open_kind(kind, page_bytes, sb, n)
+            except (L3StoreError, L3ConfigError):
+                raise
+            except Exception as e:
+                raise L3StoreError(f"add_kind {kind.label} for rank {self.rank}: {type(e).__name__}: {e}") from e
+            try:
+                loaded = 0
+                if self.cold_start == "load":
+                    loaded = coldstart.load_kind(self.index, self._keys, self.rank, self.disk, state,
+                                                  prior).loaded_pages
+                self._staging.add_kind(kind, sb)
+                self._reads.add_kind(kind, sb)
+                done = Completion()
+                self._writer.post(AddKind(state, done))
+                if not done.wait(timeout) or not done.ok:
+                    raise L3StoreError(f"add_kind {kind.label}: the writer did not take the new pool over in "
+                                       f"{timeout} s")
+            except BaseException:
+                if kind not in self._kinds:
+                    state.slab.close()
+                raise
+            self.loaded_pages += loaded
 
     def _ikey(self, kind: PayloadKind, content_hash: bytes) -> bytes:
         return self._keys.key(kind, content_hash)
@@ -317,17 +365,25 @@ class L3Store:
         return out
 
     # ------------------------------------------------------------------ exists
-    def exists(self, kind, keys: Sequence) -> int:
-        """Length of the contiguous prefix of ``keys`` whose index entries are committed (durable)."""
+    def exists(self, kind, keys: Sequence, *, include_staged: bool = True) -> int:
+        """Length of the contiguous prefix of ``keys`` that a reload would serve: pages durable (index entry
+        committed) or staged (accepted by ``spill``, not cancelled, not failed). ``include_staged=False``: durable
+        pages only, what "acknowledged" means (tools, durability tests)."""
         try:
-            prefix = self._keys.prefix(PayloadKind.parse(kind))
-            ikeys = []
+            kind = PayloadKind.parse(kind)
+            hashes = []
             for k in keys:
                 try:
-                    ikeys.append(prefix + key_to_bytes(k))
+                    hashes.append(key_to_bytes(k))
                 except ValueError:
                     break
-            return self.index.prefix_len(ikeys)
+            # Staged first, then the index: a page that goes from staged to durable between the two looks is
+            # seen by one of them (finish removes it from staging only after its entry is committed).
+            staged = self._staged.visible(kind, hashes) if include_staged else [False] * len(hashes)
+            rest = [i for i, s in enumerate(staged) if not s]
+            prefix = self._keys.prefix(kind)
+            durable = self.index.prefix_len(prefix + hashes[i] for i in rest)
+            return rest[durable] if durable < len(rest) else len(hashes)
         except Exception:
             self.c.data_path_errors += 1
             return 0
@@ -362,34 +418,45 @@ class L3Store:
             hashes = _content_hashes(keys)
             ikeys = [self._ikey(kind, h) if h is not None else None for h in hashes]
             targets = _per_page(dsts if layout is None else page_indices, n)
-            entries = self.index.get_many(ikeys)
-            jobs: list[tuple[int, Any]] = []
-            for i in range(n):
-                if entries[i] is None:
-                    continue
-                where, refused = (self._destination(st, targets[i]) if layout is None
-                                  else self._page_index(layout, targets[i]))
-                if refused is None:
-                    jobs.append((i, where))
-                else:
-                    self.c.reload_bad_dst += 1
-                    self._warn_once("bad_dst", "L3 reload: destination refused (%s); the page is a miss", refused)
+            # A page still in staging is served from its buffer (reader references, given back below); staged
+            # first, then the index, as in exists().
+            borrowed = self._staged.borrow(kind, hashes)
+            try:
+                entries = self.index.get_many([ik if borrowed[i] is None else None for i, ik in enumerate(ikeys)])
+                jobs: list[tuple[int, Any]] = []
+                for i in range(n):
+                    if entries[i] is None and borrowed[i] is None:
+                        continue
+                    where, refused = (self._destination(st, targets[i]) if layout is None
+                                      else self._page_index(layout, targets[i]))
+                    if refused is None:
+                        jobs.append((i, where))
+                    else:
+                        self.c.reload_bad_dst += 1
+                        self._warn_once("bad_dst", "L3 reload: destination refused (%s); the page is a miss", refused)
 
-            def run(job):
-                i, where = job
-                try:
-                    if layout is None:
-                        return self._reload_one(st, hashes[i], entries[i], where, None, None)
-                    return self._reload_one(st, hashes[i], entries[i], None, layout, where)
-                except Exception:  # EIO on read, ... -> miss
-                    return False, ReloadMiss.ERROR
+                def run(job):
+                    i, where = job
+                    try:
+                        if borrowed[i] is not None:
+                            return self._copy_staged(st, borrowed[i], where, layout)
+                        if layout is None:
+                            return self._reload_one(st, hashes[i], entries[i], where, None, None)
+                        return self._reload_one(st, hashes[i], entries[i], None, layout, where)
+                    except Exception:  # EIO on read, ... -> miss
+                        return False, ReloadMiss.ERROR
 
-            # Run.
-            results = self._reads.run_all(run, jobs)
+                # Run.
+                results = self._reads.run_all(run, jobs)
+            finally:
+                self._staged.give_back(borrowed)
             ts = now_us()
             touched, bad = [], []
             for (i, _), (ok, why) in zip(jobs, results):
-                if ok:
+                if ok and borrowed[i] is not None:
+                    out[i] = True
+                    self.c.reload_from_staging += 1
+                elif ok:
                     out[i] = True
                     touched.append((ikeys[i], Touch(entries[i], ts)))
                 elif why is ReloadMiss.ERROR:
@@ -432,6 +499,17 @@ class L3Store:
             return self._reads.read_into(st, content_hash, e, dst)
         return self._reads.read_into_layout(st, content_hash, e, layout, pidx)
 
+    @staticmethod
+    def _copy_staged(st: KindState, page, dst, layout) -> tuple[bool, Any]:
+        """Deliver a staged page (the caller holds a reader reference) from its staging buffer's payload. No verify:
+        these bytes never left memory."""
+        if layout is None:
+            np.copyto(dst[:st.page_bytes], np.frombuffer(page.buf.view, dtype=np.uint8, count=st.page_bytes,
+                                                         offset=PAYLOAD_OFFSET))
+        else:
+            layout.scatter_from(dst, page.buf.view, PAYLOAD_OFFSET)
+        return True, BlobCheck.OK
+
     def _warn_once(self, what: str, msg: str, *args) -> None:
         """Caller bugs on the data path are counted every time and logged once per store (no log flood)."""
         if what not in self._warned:
@@ -472,8 +550,18 @@ class L3Store:
         """This rank's writable ``DiskSlab`` for ``kind`` (fault injection in tests, diagnostics)."""
         return self._kinds[PayloadKind.parse(kind)].slab
 
+    def locate(self, kind, key) -> "tuple[int, int, int] | None":
+        """Where a durable page lives: (rank, disk, slot) of its committed index entry, or None (absent, only
+        staged, or a key that is not one). For tools and tests (fsck, fault injection); not the data path."""
+        try:
+            e = self.index.get(self._ikey(PayloadKind.parse(kind), key_to_bytes(key)))
+        except Exception:
+            return None
+        return None if e is None else (e.rank, e.disk, e.slot)
+
     # ------------------------------------------------------------------ stats / close
     def stats(self) -> dict:
+        kinds = list(self._kinds.items())  # one C-level copy: the writer may add a kind meanwhile (add_kind)
         with self._staged.cond:
             qdepth = len(self._staged.queue)
             inflight = self._staged.inflight
@@ -481,8 +569,9 @@ class L3Store:
             "rank": self.rank,
             "disk": self.disk,
             "cold_start": self.cold_start,
-            "io_mode": {k.label: getattr(st.slab, "io_mode", None) for k, st in self._kinds.items()},
-            "slots": {k.label: {"used": st.pool.used, "total": st.pool.total} for k, st in self._kinds.items()},
+            "cold_start_loaded_pages": self.loaded_pages,  # pages a `load` cold start kept (0 after `clear`)
+            "io_mode": {k.label: getattr(st.slab, "io_mode", None) for k, st in kinds},
+            "slots": {k.label: {"used": st.pool.used, "total": st.pool.total} for k, st in kinds},
             "inflight": inflight,
             "write_queue_depth": qdepth,
             **self._writer.stats(),
@@ -523,8 +612,178 @@ class L3Store:
             self._owner.release()
             self._owner = None
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def incompatibility(self, config: L3Config, namespace: Namespace, kinds: Mapping[PayloadKind, int]) -> str:
+        """'' when an opener asking for (config, namespace, kinds) can share this store, else what differs (both
+        sides named). Kinds this store has and the opener does not ask for are fine; kinds it lacks are added
+        (``add_kind``) by :meth:`L3Store.open`."""
+        if config != self.config:
+            diff = [f"{f.name} {getattr(self.config, f.name)!r} vs {getattr(config, f.name)!r}"
+                    for f in dataclasses.fields(L3Config) if f.compare
+                    and getattr(self.config, f.name) != getattr(config, f.name)]
+            return (f"another config ({self.config.source} vs {config.source}: {'; '.join(diff)})")
+        ns = namespace.digest_for(config.deployment_id)
+        if ns != self.ns:
+            return f"another namespace (digest {self.ns.hex()} open, {ns.hex()} asked; {self.namespace} vs {namespace})"
+        have = {k: st.page_bytes for k, st in list(self._kinds.items())}
+        if any(k in have and have[k] != n for k, n in kinds.items()):
+            return f"other payload kinds (open: {_kinds_text(have)}; asked: {_kinds_text(kinds)})"
+        return ""
+
+
+def _kinds_text(kinds: Mapping[PayloadKind, int]) -> str:
+    return ", ".join(f"{k.label}={n} B" for k, n in sorted(kinds.items()))
+
+
+# (owner lock path: index, deployment, rank) -> this process's SharedStore there. Open, share and the last close
+# happen under _OPEN_LOCK, so an open never races a close of the same store.
+_OPEN: dict[str, SharedStore] = {}
+_OPEN_LOCK = threading.Lock()
+
+
+class L3Store:
+    """A handle onto this process's one store of (index, deployment, rank): what callers hold. Build with
+    :meth:`open`; close each handle once (closing it again does nothing). Every handle of a store sees the same
+    pages, counters and cold start; ``clear`` through any handle clears that one shared cache. After a handle is
+    closed its data-path calls are misses and dropped writes (never exceptions), whatever other handles do."""
+
+    __slots__ = ("_shared", "_closed")
+
+    def __init__(self, shared: SharedStore):
+        self._shared = shared
+        self._closed = False
+
+    # ------------------------------------------------------------------ open / find / close
+    @classmethod
+    def open(cls, config: L3Config, *, rank: int, namespace: Namespace,
+             page_bytes: Mapping[PayloadKind | str, int], cold_start: str | None = None) -> "L3Store":
+        """A handle onto this rank's store. The first open in this process takes the owner lock, opens the slabs,
+        checks PLP, opens the index, applies the cold-start policy and starts the writer; a later open of the same
+        (index, deployment, rank) joins that store (its ``cold_start`` is not applied again) if it asks for the
+        same config and namespace and the same page size for every kind both know (a kind the store lacks is
+        added, where the config's budget rule can size it alone), and is refused with
+        ``L3OwnerLockedError.in_this_process`` naming both sides otherwise. Another live process owning it is refused as ever
+        (``in_this_process=False``). Every failure here is loud (:class:`L3StoreError` / :class:`L3ConfigError`).
+        ``cold_start`` overrides the config's mode (tests and tools; the config already carries
+        SGLANG_CP_L3_COLD_START)."""
+        if not isinstance(config, L3Config):
+            raise L3ConfigError(f"<config>: expected L3Config, got {type(config).__name__}")
+        config.check_rank(rank)
+        if not isinstance(namespace, Namespace):
+            raise L3ConfigError(f"namespace: expected format.Namespace, got {type(namespace).__name__}")
+        kinds = _parse_kinds(page_bytes)
+        path = OwnerLock.path_for(config.index_path, config.deployment_id, rank)
+        with _OPEN_LOCK:
+            shared = _OPEN.get(path)
+            if shared is None:
+                shared = SharedStore(config, rank=rank, namespace=namespace, page_bytes=kinds, cold_start=cold_start)
+                _OPEN[path] = shared
+            else:
+                why = shared.incompatibility(config, namespace, kinds)
+                if not why:
+                    try:
+                        for k, n in kinds.items():
+                            shared.add_kind(k, n)  # a no-op for the kinds it has
+                    except (L3ConfigError, L3StoreError) as e:
+                        have = {k: st.page_bytes for k, st in list(shared._kinds.items())}
+                        why = f"other payload kinds (open: {_kinds_text(have)}; asked: {_kinds_text(kinds)}): {e}"
+                if why:
+                    raise L3OwnerLockedError(
+                        f"deployment {config.deployment_id!r} rank {rank} on the L3 index {config.index_path!r} is "
+                        f"open in this process with {why}; one store per (index, deployment, rank) per process: "
+                        "open it with the same config, namespace and payload kinds to share it, or give the "
+                        "other cache its own deployment_id",
+                        holder={"pid": os.getpid(), "slab_dir": shared.config.slab_dir(rank)}, in_this_process=True)
+            shared.refs += 1
+            return cls(shared)
+
+    @classmethod
+    def find_open(cls, config: L3Config, rank: int) -> "SharedStore | None":
+        """The store this process has open for (config's index, deployment, rank), or None. For inspection: it
+        takes no reference (a user of the store opens its own handle with :meth:`open`)."""
+        with _OPEN_LOCK:
+            return _OPEN.get(OwnerLock.path_for(config.index_path, config.deployment_id, rank))
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Drop this handle's reference, once; the last one flushes and closes the store (its slab, owner and index
+        locks are released)."""
+        with _OPEN_LOCK:
+            if self._closed:
+                return
+            self._closed = True
+            shared = self._shared
+            shared.refs -= 1
+            if shared.refs > 0:
+                return
+            if _OPEN.get(shared.owner_path) is shared:
+                del _OPEN[shared.owner_path]
+            shared.close(timeout)
+
+    @property
+    def shared(self) -> SharedStore:
+        return self._shared
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def __enter__(self) -> "L3Store":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def __getattr__(self, name: str):
+        # Diagnostics and tests read the store's own state (config, rank, namespace, index, counters...).
+        return getattr(self._shared, name)
+
+    # ------------------------------------------------------------------ the caller API (SharedStore documents it)
+    def spill(self, kind, keys: Sequence, pages: Sequence) -> list[bool]:
+        return _dropped(keys) if self._closed else self._shared.spill(kind, keys, pages)
+
+    def spill_from_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int]) -> list[bool]:
+        return _dropped(keys) if self._closed else self._shared.spill_from_layout(kind, keys, layout, page_indices)
+
+    def exists(self, kind, keys: Sequence, *, include_staged: bool = True) -> int:
+        return 0 if self._closed else self._shared.exists(kind, keys, include_staged=include_staged)
+
+    def reload_into(self, kind, keys: Sequence, dsts: Sequence) -> list[bool]:
+        return _dropped(keys) if self._closed else self._shared.reload_into(kind, keys, dsts)
+
+    def reload_into_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int]) -> list[bool]:
+        return _dropped(keys) if self._closed else self._shared.reload_into_layout(kind, keys, layout, page_indices)
+
+    def free(self, kind, keys: Sequence) -> None:
+        if not self._closed:
+            self._shared.free(kind, keys)
+
+    def clear(self, timeout: float = 60.0) -> bool:
+        return False if self._closed else self._shared.clear(timeout)
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        return False if self._closed else self._shared.flush(timeout)
+
+    def stats(self) -> dict:
+        return self._shared.stats()
+
+    def slab(self, kind) -> Any:
+        return self._shared.slab(kind)
+
+    def locate(self, kind, key) -> "tuple[int, int, int] | None":
+        return self._shared.locate(kind, key)
+
+    def add_kind(self, kind, page_bytes: int, timeout: float = 30.0) -> None:
+        if self._closed:
+            raise L3StoreError("this L3Store handle is closed")
+        self._shared.add_kind(kind, page_bytes, timeout)
+
+
+def _dropped(keys) -> list[bool]:
+    """What a closed handle answers: one False per key (a dropped write or a miss), never an exception."""
+    try:
+        return [False] * len(list(keys))
+    except TypeError:
+        return []

@@ -6,7 +6,7 @@ allocates a slot per page (reclaiming on a full pool), seals the blob (header + 
 O_DIRECT writes to a small I/O pool; the committer makes the batch durable while the next one is sealed. Touches
 reach the shared index at most once a second (coalesced, max-only), so other ranks' GC sees them.
 
-``free``, ``clear`` and ``flush`` barriers first wait for every commit in flight, so no commit of an older spill
+``free``, ``clear``, ``add_kind`` and ``flush`` barriers first wait for every commit in flight, so no commit of an older spill
 can land after them. Every control operation is acknowledged, also when it fails: ``flush`` waits for the count
 and ``clear`` for its :class:`~.messages.Completion`, so one failure never makes later ones time out.
 """
@@ -28,8 +28,8 @@ from .format import PayloadKind, seal_blob
 from .index import IndexEntry, KeySpace, L3Index
 from .kinds import KindState
 from .messages import (
-    Barrier, ClearRank, ControlOp, Failure, FreePages, PendingWrite, StagedPage, Touch, WriteOutcome, WriteResult,
-    failure,
+    AddKind, Barrier, ClearRank, ControlOp, Failure, FreePages, PendingWrite, StagedPage, Touch, WriteOutcome,
+    WriteResult, failure,
 )
 from .reclaim import Collector
 from .staging import StagedPages
@@ -147,7 +147,7 @@ class Writer:
         return {
             "control_queue_depth": len(self._ctl),
             "pending_touches": len(self._touch_in),
-            "gc_heap_items": sum(len(st.lru.heap) for st in self.kinds.values()),
+            "gc_heap_items": sum(len(st.lru.heap) for st in tuple(self.kinds.values())),  # a kind may be added
         }
 
     # ------------------------------------------------------------------ writer thread
@@ -291,13 +291,17 @@ class Writer:
                     self.reclaim.free(op.kind, op.keys)
                 elif isinstance(op, ClearRank):
                     ok = self._clear()
+                elif isinstance(op, AddKind):
+                    # Inserted on this thread: every iteration over the kinds here (GC, clear) sees a stable map.
+                    self.kinds[op.state.kind] = op.state
+                    ok = True
                 else:
                     self.reclaim.until_below_watermarks()
             except Exception as e:
                 log.error("L3 %s failed: %s", op.name, failure(e))
                 self.c.data_path_errors += 1
             finally:
-                if isinstance(op, ClearRank):
+                if isinstance(op, (ClearRank, AddKind)):
                     op.done.ok = ok
                     op.done.set()
                 with self.cond:

@@ -1,6 +1,25 @@
-"""MegaMoE: DeepGEMM's fused FP4/FP8 MoE kernels for GLM MoE layers (seed lines 1-29; line 30, the
-`--moe-a2a-backend megamoe` choice, is upstream and guarded by tests/regression/test_megamoe_a2a_backend.py).
+"""megamoe: DeepGEMM's fused MegaMoE kernels for GLM MoE layers, FP4 MegaMoE weights that keep the TRTLLM layout,
+and no silent wrong answer when a batch cannot take the kernel.
 
-Today this folder holds only its part of `doctor` (can this node run FP4 MegaMoE?). Its Feature, flags and
-patches arrive with the MegaMoE issues, in the same shape as every other feature folder.
+Carries seed lines 1-30: 1-9 (FP4 scale group from the loaded tensors), 10-19 (GLM MoE MegaMoE fast path, shared
+expert TP1), 20-29 (NVFP4 MegaMoE weights keep the TRTLLM layout; the model-agnostic forward is upstream) and 30
+(`--moe-a2a-backend megamoe`, upstream since 0.5.20; the fork's env switches are retired: `guard.RETIRED_ENV`).
+Switched on by SGLang's own `--moe-a2a-backend megamoe` (or its alias `--moe-runner-backend megamoe`), not by a
+plugin flag (`feature.FEATURE.active_when`).
+
+Under megamoe SGLang hands every rank's MoE block a different slice of the tokens and sums nothing afterwards
+(docs_internal/megamoe.md), so SGLang's stock fused-MoE path is silently wrong there for tp > 1, for GLM-4.x's
+`Glm4MoeSparseMoeBlock` and for GLM-5.x's `DeepseekV2MoE` alike. The plugin therefore makes every GLM MoE layer
+take the MegaMoE kernel, refuses at startup every configuration where a batch could miss it, and raises (on every
+rank alike) rather than run the stock path if one ever does. FP4 experts (docs_internal/megamoe_fp4.md): ModelOpt
+NVFP4 keeps FlashInfer's TRTLLM layout and MegaMoE reads the same storage (`weight_layout="trtllm"`); NVFP4 and
+MXFP4 scale groups are checked against what the checkpoint loaded; MXFP4 says at startup it keeps no fallback.
+
+Pure core (no SGLang, no deep_gemm at import): `select` (the per-batch decision), `routing` (router output -> the
+kernel's ids and weights), `glm4` (a GLM-4 block's plan and the arguments handed to the kernel runner), `sm90_fp8`
+(the SM90 FP8 weight layout and a dequantised reference of the kernel), `guard` (startup refusals), `fp4_layout`
+(FP4 recipes and scale-group checks, the MegaMoE shape rule, NVFP4 alphas, the MegaMoE views of the TRTLLM
+tensors, memory accounting), `hardware` (which MegaMoE kernels this machine and its deep_gemm can run).
+The SGLang side: `hooks` (GLM MoE layers, launch and load checks) and `fp4_hooks` (FP4 weights), declared in
+`patches`; `feature` (FEATURE, its env vars); `doctor` (its part of `sglang-glm-ext doctor`).
 """

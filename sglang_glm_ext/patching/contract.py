@@ -13,6 +13,8 @@ from .ledger import Patch, resolve_original, source_sha
 
 def check(patch: Patch) -> list[str]:
     """Problems with `patch`'s target in the installed SGLang; [] when the contract holds."""
+    if patch.hook_type == "bind":  # --- l3 backend ---
+        return _check_bind(patch)
     try:
         fn = resolve_original(patch.target)
     except Exception as exc:
@@ -32,3 +34,18 @@ def check(patch: Patch) -> list[str]:
                 "review the hook against the new code, then update source_sha in its feature's patches.py"
             )
     return problems
+
+
+# --- l3 backend ---
+def _check_bind(patch: Patch) -> list[str]:
+    """A "bind" patch fills module globals SGLang leaves unbound on this platform (demo/test stand-ins): the module
+    must still exist and still call each name, else the stand-in would be inert."""
+    import importlib
+
+    try:
+        module = importlib.import_module(patch.target)
+        src = inspect.getsource(module)
+    except Exception as exc:
+        return [f"{patch.id}: module {patch.target} not found or unreadable ({type(exc).__name__}: {exc})"]
+    return [f"{patch.id}: {patch.target} no longer calls {name}; the stand-in would never run"
+            for name in patch.signature if f"{name}(" not in src]

@@ -133,6 +133,9 @@ def apply_one(patch: Patch, source) -> PatchStatus:
     return status
 
 
+DEMO_SKIP_DETAIL = "demo/test-only: never applied by register()"
+
+
 def skip_reason(patch: Patch, installed: str | None, *, forced: bool = False) -> str:
     """'' when `patch` goes in on SGLang `installed`, else why it is skipped.
 
@@ -158,6 +161,9 @@ def apply_all(ledger: Ledger, *, installed: str | None, forced: bool = False, un
 
     source = HookSource(plugin_name="glm_ext", dist_name="sglang-glm-ext")
     for patch in ledger.patches:
+        if patch.tier is Tier.DEMO:  # demo/test-only stand-ins: their feature's guarded installer, never register()
+            ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, DEMO_SKIP_DETAIL)
+            continue
         why = skip_reason(patch, installed, forced=forced)
         if why:
             ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, unsupported or why)

@@ -16,7 +16,10 @@ Each target's signature and source digest are checked against the installed SGLa
 
 Tiers: **guard** patches go in on any SGLang version (they only make plugin flags parse and fail clearly);
 **feature** patches go in only on a release in their own SGLang column (elsewhere the ledger skips them and
-`doctor` says why), or on any release with `SGLANG_GLM_EXT_FORCE_UNSUPPORTED=1`.
+`doctor` says why), or on any release with `SGLANG_GLM_EXT_FORCE_UNSUPPORTED=1`;
+**demo** patches are CPU stand-ins for SGLang's GPU copy ops and pinned host pools, for `sglang-glm-ext demo` and
+the CPU tests only: `register()` never applies them, and their installer refuses where a GPU is visible or an SGLang
+server was launched in the process (a `bind` hook fills module globals SGLang leaves unbound on a CPU).
 
 """
 

@@ -6,11 +6,28 @@ JSON schema (stable; bump SCHEMA on any breaking change, documented in README "d
   versions: {python, torch, deep_gemm, flashinfer, sglang},
   patches: [{id, target, feature, tier, state, detail}],
   features: [{name, title, active, available, why_unavailable}],
-  hardware: {cuda_available, gpus: [{index, name, sm}], fp4_megamoe: {possible, why},
-             hugepages: {...}, l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}]}
+  hardware: {cuda_available, gpus: [{index, name, sm}],
+             fp4_megamoe: {possible, why, deep_gemm, trtllm_layout: {supported, why}},
+             hugepages: {total, free, size_kb, mounts, default_size_kb, sizes: [{size_kb, total, free, resv,
+                         surplus, overcommit, usable, nodes: [{node, total, free, surplus}]}],
+                         selected: {env, size_kb, error}, cgroup_limits: [{size_kb, path, limit_bytes,
+                         usage_bytes}], fit: null | {hicache_size_gb, ranks_per_node, ranks_source, size_kb,
+                         need_pages, usable_pages, fits, limited_by, message}, unknown: [str]},
+             l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}],
+             megamoe: {fp8_sm90: {possible, why}, fp4_sm100: {possible, why},
+                       deep_gemm: {version, imports, error}, retired_env: [str], dg_use_fp4_acts_set: bool}}
+  l3: {active, [backend_class, hicache_storage_backend, config, extra_config | error,
+       state: {deployment_id, cold_start, ranks, require_plp, plp, index: {path, exists, entries_for_deployment,
+       entries_total}, slabs: [{rank, path, bytes, slots, page_bytes, namespace}]]}          (added in schema 1)
+  (hugepages: null = the kernel did not say; `unknown` names why.)
 
 The GPU listing is plugin-wide (here); every other "hardware" key, and the problems that go with it, is a
-folder's part (`<folder>/doctor.py` report(), listed in plugin/registry.py DOCTOR_PARTS).
+folder's part (`<folder>/doctor.py` report(), listed in plugin/registry.py DOCTOR_PARTS). A part may also own
+top-level sections (`DoctorPart.sections`, e.g. "l3"): schema additions, never one of the keys above.
+
+A feature that SGLang's own arguments switch on (`Feature.active_when`: megamoe) is `active` when doctor is given
+those arguments (`doctor --moe-a2a-backend megamoe`, registry.SGLANG_ARGS, passed as `launch`); without them it
+reports off.
 """
 
 from __future__ import annotations
@@ -19,13 +36,16 @@ import importlib.metadata
 import json
 import platform
 import sys
+from types import SimpleNamespace
 from typing import Any
 
 from ..declare import DoctorInput
+from ..hostmem import doctor as hostmem_doctor
+from ..l3 import doctor as l3_doctor
 from ..patching.ledger import State
 from . import __version__, compat, features, flags
 from . import register as plugin
-from .registry import DOCTOR_PARTS, FEATURES
+from .registry import DOCTOR_PARTS, FEATURES, SGLANG_ARGS
 
 SCHEMA = 1
 
@@ -67,7 +87,8 @@ def gpus() -> tuple[bool, list[dict[str, Any]]]:
     return True, out
 
 
-def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
+def collect(flag_values: dict[str, Any] | None = None, launch: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report; `launch`: SGLang-side values of the launch being checked (DoctorInput.launch)."""
     loaded_via = _load_plugin()
     status = compat.version_status()
     ledger = plugin.ledger_state()
@@ -93,7 +114,7 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
     values.update({k: v for k, v in (flag_values or {}).items() if v not in (None, False)})
     feats = []
     for f in FEATURES:
-        active = f.switched_on(values)
+        active = f.switched_on(values, SimpleNamespace(**(launch or {})))  # active_when reads SGLang's own args
         why = features.why_unavailable(f) if not plugin.is_disabled() else "plugin disabled"
         feats.append({"name": f.name, "title": f.title, "active": active, "available": not why,
                       "why_unavailable": why})
@@ -103,13 +124,18 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
     cuda, gpu_list = gpus()
     versions = {"python": platform.python_version(), "sglang": status.installed,
                 "torch": compat.installed_version("torch"),
-                "deep_gemm": compat.installed_version("deep_gemm") or compat.installed_version("deep-gemm"),
+                # sglang pins the `sgl-deep-gemm` distribution (import name deep_gemm)
+                "deep_gemm": compat.installed_version("sgl-deep-gemm") or compat.installed_version("deep_gemm")
+                or compat.installed_version("deep-gemm"),
                 "flashinfer": compat.installed_version("flashinfer-python") or compat.installed_version("flashinfer")}
     hardware: dict[str, Any] = {"cuda_available": cuda, "gpus": gpu_list}
-    probe = DoctorInput(values=values, gpus=tuple(gpu_list), versions=versions)
-    for part in DOCTOR_PARTS:  # each folder's part: its hardware keys and its problems
+    probe = DoctorInput(values=values, gpus=tuple(gpu_list), versions=versions,
+                        launch={k: v for k, v in (launch or {}).items() if v is not None})
+    sections: dict[str, Any] = {}
+    for part in DOCTOR_PARTS:  # each folder's part: its hardware keys, its top-level sections and its problems
         got = part(probe)
         hardware.update(got.hardware)
+        sections.update(got.sections)
         problems.extend(got.problems)
     report = {
         "schema": SCHEMA,
@@ -124,6 +150,10 @@ def collect(flag_values: dict[str, Any] | None = None) -> dict[str, Any]:
         "features": feats,
         "hardware": hardware,
     }
+    clash = set(sections) & set(report)
+    if clash:  # a folder bug: never let it overwrite a fixed key of schema 1
+        raise RuntimeError(f"doctor parts claim fixed report keys: {sorted(clash)}")
+    report.update(sections)
     return report
 
 
@@ -147,19 +177,28 @@ def render_text(report: dict[str, Any]) -> str:
     gpu_s = ", ".join(f"{g['name']} (SM{g['sm']})" for g in h["gpus"]) or "none"
     lines.append(f"hardware: GPUs: {gpu_s}; FP4 MegaMoE: "
                  f"{'possible' if h['fp4_megamoe']['possible'] else h['fp4_megamoe']['why']}")
-    hp = h["hugepages"]
-    lines.append(f"  hugepages: {hp['free']}/{hp['total']} free x {hp['size_kb']} kB, hugetlbfs mounts: "
-                 f"{hp['mounts'] or 'none'}")
+    mm = h["megamoe"]
+    lines.append("  MegaMoE: " + "; ".join(
+        f"{k} {'possible' if mm[k]['possible'] else 'no: ' + mm[k]['why']}" for k in ("fp8_sm90", "fp4_sm100"))
+        + f"; deep_gemm {mm['deep_gemm']['version'] or 'absent'}"
+        + ("" if mm["deep_gemm"]["imports"] or not mm["deep_gemm"]["error"] else f" ({mm['deep_gemm']['error']})")
+        + ("; NVFP4 on the TRTLLM layout: " + ("yes" if h["fp4_megamoe"]["trtllm_layout"]["supported"]
+                                                 else h["fp4_megamoe"]["trtllm_layout"]["why"])))
+    lines.extend(hostmem_doctor.render_lines(h["hugepages"]))
     for row in h["l3_paths"]:
         lines.append(f"  L3 path {row['path']}: o_direct={row.get('o_direct')} free={row.get('free_bytes')} "
                      f"budget={row.get('budget_bytes')}")
+    lines.extend(l3_doctor.render_section(report.get("l3") or {}))
     lines.append("OK" if report["ok"] else "PROBLEMS:\n  - " + "\n  - ".join(report["problems"]))
     return "\n".join(lines)
 
 
 def main(args) -> int:
     values = flags.values_from_namespace(args)
-    report = collect(values)
+    launch = {"hicache_size": getattr(args, "hicache_size", None),
+              "ranks_per_node": getattr(args, "ranks_per_node", None)}
+    launch.update({a: getattr(args, a, None) for a in SGLANG_ARGS})
+    report = collect(values, launch=launch)
     if args.json:
         json.dump(report, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")

@@ -25,7 +25,7 @@ def hook_from_cli_args(server_args, cls, ns, *args, **kwargs):
     refuse_unsupported(asked_in_values(given))
     try:
         values = validate(given)
-        require_switched_on_available(values)
+        require_switched_on_available(values, server_args)
         attach(server_args, values)
     except PluginFlagError as exc:
         raise SystemExit(f"sglang-glm-ext: {exc}") from None
@@ -38,12 +38,14 @@ def hook_engine_init(original: Callable, self, *args, **kwargs):
     values = validate(ours)  # Engine users get a ValueError subclass, not SystemExit
     require_switched_on_available(values)
     if "server_args" in kwargs:
+        require_switched_on_available(values, kwargs["server_args"])  # and SGLang's own switches (active_when)
         attach(kwargs["server_args"], values)
         return original(self, *args, **kwargs)
     cls = self.server_args_class
 
     def build(**kw):
         sa = cls(**kw)
+        require_switched_on_available(values, sa)
         attach(sa, values)
         return sa
 

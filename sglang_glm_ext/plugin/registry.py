@@ -1,4 +1,5 @@
-"""The feature registry: one row per feature folder. Everything plugin-wide is derived from these rows.
+"""The feature registry: one row per feature (a folder may declare several, as hostmem/ does). Everything
+plugin-wide is derived from these rows.
 
 Row order is the order users see: doctor's feature list, the flag/env table, and the ledger. PATCHES (the
 ledger) is the rows' patch declarations concatenated in that order, so patch ids, the generated
@@ -16,7 +17,7 @@ from ..cuda_graph_mem import feature as cuda_graph_mem, patches as cuda_graph_me
 from ..declare import DoctorInput, DoctorPart, EnvVar, Feature, Flag, Patch
 from ..hostmem import doctor as hostmem_doctor, feature as hostmem, patches as hostmem_patches
 from ..l3 import doctor as l3_doctor, feature as l3, patches as l3_patches
-from ..megamoe import doctor as megamoe_doctor
+from ..megamoe import doctor as megamoe_doctor, feature as megamoe, patches as megamoe_patches
 from . import envs, feature as plugin, patches as plugin_patches
 
 ROWS: tuple[tuple[Feature, tuple[Patch, ...]], ...] = (
@@ -24,10 +25,11 @@ ROWS: tuple[tuple[Feature, tuple[Patch, ...]], ...] = (
     (l3.FEATURE, l3_patches.PATCHES),
     (cuda_graph_mem.FEATURE, cuda_graph_mem_patches.PATCHES),
     (hostmem.FEATURE, hostmem_patches.PATCHES),
+    (hostmem.HUGEPAGES, hostmem_patches.HUGEPAGES_PATCHES),
+    (megamoe.FEATURE, megamoe_patches.PATCHES),
 )
 
-# One entry per folder that adds to doctor's report (GPU listing is plugin-wide: plugin/doctor.py). megamoe has
-# a doctor part before it has a Feature row (its Feature comes with the MegaMoE issues).
+# One entry per folder that adds to doctor's report (GPU listing is plugin-wide: plugin/doctor.py).
 DOCTOR_PARTS: tuple[Callable[[DoctorInput], DoctorPart], ...] = (
     megamoe_doctor.report,
     hostmem_doctor.report,
@@ -39,6 +41,8 @@ FEATURE_BY_NAME: dict[str, Feature] = {f.name: f for f in FEATURES}
 PATCHES: tuple[Patch, ...] = tuple(p for _, patches in ROWS for p in patches)
 FLAGS: tuple[Flag, ...] = tuple(flag for f in FEATURES for flag in f.flags)
 FLAG_BY_NAME: dict[str, Flag] = {f.name: f for f in FLAGS}
+# SGLang's own arguments that switch a feature on (Feature.sglang_args); doctor accepts them as options.
+SGLANG_ARGS: tuple[str, ...] = tuple(dict.fromkeys(a for f in FEATURES for a in f.sglang_args))
 # Every environment variable the plugin reads, in one table (DeepGEMM style): plugin-wide first, then by feature.
 FEATURE_ENV_VARS: tuple[EnvVar, ...] = tuple(e for f in FEATURES for e in f.env)
 ENV_VARS: tuple[EnvVar, ...] = envs.PLUGIN_ENV_VARS + FEATURE_ENV_VARS

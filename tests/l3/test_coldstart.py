@@ -54,7 +54,7 @@ def test_load_keeps_durable_pages_and_never_reuses_their_slots(tmp_path):
     s.close()
     s = opened(tmp_path, "load")
     try:
-        assert s.loaded_pages == 10
+        assert s.loaded_pages == 10 and s.stats()["cold_start_loaded_pages"] == 10
         assert s.stats()["slots"]["target_kv"]["used"] == 10
         assert s.exists(K, [key(i) for i in range(10)]) == 10
         spill(s, range(100, 125), salt="new")  # 35 / 40 used: below the start watermark, no GC

@@ -136,6 +136,30 @@ def test_budget_split_equal_slots_and_weights(tmp_path):
         cfg.slots_per_kind(0, {"draft_kv": 4096})
 
 
+def test_weights_split_a_rank_over_every_declared_kind_whatever_is_opened(tmp_path):
+    # Issue 10 (N4): a kind's slot count comes from the config alone, so a kind added after open (a sidecar draft
+    # pool SGLang registers after the storage attach) and a restart that opens every kind at once give each slab
+    # the same geometry. A declared kind that is never opened keeps its share unused.
+    cfg = L3Config.from_dict(_base(tmp_path, disks=[{"path": str(tmp_path / "d"), "budget": 100 * 4096}],
+                                   payload_split="weights",
+                                   payload_weights={"target_kv": 3, "index_k": 1, "draft_kv": 1}))
+    together = cfg.slots_per_kind(0, {"target_kv": 4096, "index_k": 4096, "draft_kv": 2 * 4096})
+    assert together == {"target_kv": 60, "index_k": 20, "draft_kv": 10}
+    assert cfg.slots_per_kind(0, {"target_kv": 4096, "index_k": 4096}) == {"target_kv": 60, "index_k": 20}
+    assert cfg.slots_for_kind(0, "draft_kv", 2 * 4096) == 10
+    assert cfg.addable_kinds == ("target_kv", "index_k", "draft_kv")
+
+
+def test_equal_slots_cannot_size_a_kind_on_its_own(tmp_path):
+    cfg = L3Config.from_dict(_base(tmp_path))
+    assert cfg.addable_kinds == ()
+    with pytest.raises(L3ConfigError, match=r"payload_split = 'equal_slots'.*payload_weights"):
+        cfg.slots_for_kind(0, "draft_kv", 4096)
+    weighted = L3Config.from_dict(_base(tmp_path, payload_split="weights", payload_weights={"target_kv": 1}))
+    with pytest.raises(L3ConfigError, match="payload_weights.draft_kv"):
+        weighted.slots_for_kind(0, "draft_kv", 4096)
+
+
 def test_budget_too_small_for_one_page_is_loud(tmp_path):
     cfg = L3Config.from_dict(_base(tmp_path, disks=[{"path": str(tmp_path / "d"), "budget": 4096}]))
     with pytest.raises(L3ConfigError, match=r"disks\[0\].budget"):

@@ -50,6 +50,15 @@ def spill_durable(s, idxs, salt="k"):
     assert s.flush(30)
 
 
+def test_locate_names_where_a_durable_page_lives(store):
+    assert store.spill(K, [key(0)], [page(0)]) == [True]
+    assert store.flush(30)
+    rank, disk, slot = store.locate(K, key(0))
+    assert (rank, disk) == (0, 0) and 0 <= slot < store.stats()["slots"]["target_kv"]["total"]
+    assert store.locate(K, key(1)) is None and store.locate(K, "nothex") is None and store.locate("bogus", key(0)) is None
+    assert store.stats()["cold_start_loaded_pages"] == 0  # clear mode
+
+
 def test_roundtrip_byte_exact_and_exists_prefix(store):
     spill_durable(store, range(10))
     keys = [key(i) for i in range(12)]
@@ -270,7 +279,7 @@ def test_random_bit_flips_are_misses_never_wrong_bytes(store):
     trials = 400
     for t in range(trials):
         spill_durable(store, [t], salt="bf")
-        slot = store.index.get(store._ikey(K, bytes.fromhex(key(t, "bf")))).slot
+        slot = store.locate(K, key(t, "bf"))[2]
         off = int(rng.integers(0, PB + HEADER_SIZE))  # payload or header, never the unread pad
         if off >= PB:  # format v2: the header is the slot's last HEADER_SIZE bytes
             off += SLOT - HEADER_SIZE - PB
@@ -321,9 +330,15 @@ def test_bad_open_arguments_are_loud(tmp_path):
         L3Store.open(cfg(tmp_path, slots=1), rank=0, namespace=NS, page_bytes={K: 10 * PB})
 
 
-def test_second_opener_of_the_same_rank_gets_a_clear_error(tmp_path, store):
-    with pytest.raises(L3StoreError, match="locked"):
-        L3Store.open(cfg(tmp_path), rank=0, namespace=NS, page_bytes={K: PB})
+def test_second_opener_of_the_same_rank_shares_or_gets_a_clear_error(tmp_path, store):
+    # Issue 10 (N2): the same config, namespace and kinds share the one store of this process...
+    again = L3Store.open(cfg(tmp_path), rank=0, namespace=NS, page_bytes={K: PB})
+    assert again.shared is store.shared
+    again.close()
+    # ...anything else is refused, loudly, before it can touch the live store's slabs or entries.
+    other = Namespace("glm5", "fp8", "page_first", 64, 0, 78, "tp0")
+    with pytest.raises(L3StoreError, match="open in this process with another namespace"):
+        L3Store.open(cfg(tmp_path), rank=0, namespace=other, page_bytes={K: PB})
 
 
 def test_plp_required_refuses_an_unsafe_disk(tmp_path):
@@ -437,7 +452,7 @@ def test_a_blob_written_by_one_deployment_never_verifies_for_another(tmp_path):
     b = L3Store.open(_dep_cfg(tmp_path, "b", tmp_path / "db"), rank=0, namespace=NS, page_bytes={K: PB})
     try:
         spill_durable(a, [1])
-        slot = a.index.get(a._ikey(K, bytes.fromhex(key(1)))).slot
+        slot = a.locate(K, key(1))[2]
         with open(a.slab(K).path, "rb") as f:
             f.seek(slot * SLOT)
             blob = f.read(SLOT)

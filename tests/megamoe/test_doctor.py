@@ -1,10 +1,27 @@
-"""MegaMoE's doctor part: FP4 MegaMoE needs SM100 GPUs only, and DeepGEMM installed."""
+"""MegaMoE's doctor part: FP4 MegaMoE needs SM100 GPUs only and DeepGEMM installed; which MegaMoE kernels this node
+and its deep_gemm can run; and a checked megamoe launch (`doctor --moe-a2a-backend megamoe`) on a node that runs
+none of them is a problem."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
 
 from sglang_glm_ext.declare import DoctorInput
-from sglang_glm_ext.megamoe.doctor import fp4_megamoe, report
+from sglang_glm_ext.megamoe import hardware
+from sglang_glm_ext.megamoe.doctor import fp4_megamoe, launch_problems, report
 
 B200 = {"index": 0, "name": "B200", "sm": 100}
 H200 = {"index": 1, "name": "H200", "sm": 90}
+MEGA = {"moe_a2a_backend": "megamoe"}
+
+
+@pytest.fixture(autouse=True)
+def _no_switches(monkeypatch):
+    for name in ("SGLANG_OPT_USE_DEEPGEMM_MEGA_MOE", "SGLANG_OPT_DEEPGEMM_MEGA_MOE_USE_FP4_ACTS", "DG_USE_FP4_ACTS"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def test_reasons_in_order_of_what_is_missing():
@@ -16,4 +33,53 @@ def test_reasons_in_order_of_what_is_missing():
 
 def test_report_reads_gpus_and_the_deep_gemm_version_from_doctor_input():
     part = report(DoctorInput(values={}, gpus=(B200,), versions={"deep_gemm": "2.1"}))
-    assert part.hardware == {"fp4_megamoe": {"possible": True, "why": ""}} and part.problems == ()
+    fp4 = part.hardware["fp4_megamoe"]
+    # schema 1: the original keys with their values, then the additions
+    assert {k: fp4[k] for k in ("possible", "why")} == {"possible": True, "why": ""}
+    assert fp4["deep_gemm"] == "2.1" and fp4["trtllm_layout"] == hardware.trtllm_layout()
+    assert set(part.hardware["megamoe"]) == {"fp8_sm90", "fp4_sm100", "deep_gemm", "retired_env",
+                                             "dg_use_fp4_acts_set"}
+    assert part.problems == ()
+
+
+def test_a_checked_megamoe_launch_needs_a_node_that_runs_some_megamoe_kernel(monkeypatch):
+    monkeypatch.setattr(hardware, "probe_deep_gemm",
+                        lambda: hardware.DeepGemmProbe("0.2.3.post2", hardware.SM90_KERNEL_API))
+    cpu = DoctorInput(values={}, gpus=(), versions={}, launch=MEGA)
+    (problem,) = report(cpu).problems
+    assert problem.startswith("--moe-a2a-backend megamoe: no MegaMoE kernel can run on this node")
+    assert "fp8_sm90: no CUDA GPU visible" in problem
+    assert report(DoctorInput(values={}, gpus=(H200,), versions={}, launch=MEGA)).problems == ()
+    assert report(DoctorInput(values={}, gpus=(), versions={}, launch={"moe_runner_backend": "megamoe"})).problems
+    # megamoe not asked (no SGLang arguments given, or another backend): the node is not judged
+    assert report(DoctorInput(values={}, gpus=(), versions={})).problems == ()
+    other = {"moe_a2a_backend": "deepep"}
+    assert report(DoctorInput(values={}, gpus=(), versions={}, launch=other)).problems == ()
+    assert launch_problems({"fp8_sm90": {"possible": False, "why": "a"},
+                            "fp4_sm100": {"possible": True, "why": ""}}) == []
+
+
+def _doctor(*args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    return subprocess.run([sys.executable, "-m", "sglang_glm_ext.cli", "doctor", "--json", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_doctor_json_carries_the_megamoe_part():
+    proc = _doctor()
+    rep = json.loads(proc.stdout)
+    mm = rep["hardware"]["megamoe"]
+    assert set(mm) == {"fp8_sm90", "fp4_sm100", "deep_gemm", "retired_env", "dg_use_fp4_acts_set"}
+    assert mm["fp8_sm90"] == {"possible": False, "why": "no CUDA GPU visible"}  # this CPU machine
+    assert set(rep["hardware"]["fp4_megamoe"]) == {"possible", "why", "deep_gemm", "trtllm_layout"}
+    feature = next(f for f in rep["features"] if f["name"] == "megamoe")
+    assert feature["active"] is False and feature["available"] is True  # applied; on only via --moe-a2a-backend
+
+
+def test_doctor_checks_a_megamoe_launch_given_sglangs_own_flag():
+    proc = _doctor("--moe-a2a-backend", "megamoe")
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
+    rep = json.loads(proc.stdout)
+    feature = next(f for f in rep["features"] if f["name"] == "megamoe")
+    assert feature["active"] is True and feature["available"] is True
+    assert any(p.startswith("--moe-a2a-backend megamoe: no MegaMoE kernel can run") for p in rep["problems"])

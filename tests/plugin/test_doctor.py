@@ -31,13 +31,16 @@ def test_json_reports_supported_sglang_and_every_patch_applied(report):
                                 "forced": False}
     assert report["plugin"]["entry_point"] is True and report["plugin"]["loaded_via"] == "load_plugins()"
     assert [p["id"] for p in report["patches"]] == [p.id for p in PATCHES]
-    assert {p["state"] for p in report["patches"]} == {"applied"}
+    # Demo-tier patches (CPU stand-ins) are never applied by register(); everything else is.
+    assert {p["state"] for p in report["patches"] if p["tier"] != "demo"} == {"applied"}
+    assert {p["state"] for p in report["patches"] if p["tier"] == "demo"} == {"skipped"}
 
 
 def test_json_schema_keys_are_stable(report):
     assert set(report) == {"schema", "ok", "problems", "plugin", "sglang", "versions", "patches", "features",
-                           "hardware"}
-    assert set(report["hardware"]) == {"cuda_available", "gpus", "fp4_megamoe", "hugepages", "l3_paths"}
+                           "hardware", "l3"}
+    assert report["l3"] == {"active": False}
+    assert set(report["hardware"]) == {"cuda_available", "gpus", "fp4_megamoe", "hugepages", "l3_paths", "megamoe"}
     for f in report["features"]:
         assert set(f) == {"name", "title", "active", "available", "why_unavailable"}
     assert report["hardware"]["fp4_megamoe"]["possible"] is False  # no GPU here: the reason says so
@@ -52,12 +55,27 @@ def test_applied_and_active_are_reported_separately(report):
 def test_enabled_feature_that_cannot_work_exits_nonzero(tmp_path):
     l3cfg = pytest.importorskip("sglang_glm_ext.l3.config")
     cfg = tmp_path / "l3.toml"
-    cfg.write_text(l3cfg.example_config(str(tmp_path / "disk")))
+    # require_plp on a disk the operator declared unsafe: L3 cannot start, and doctor says why.
+    cfg.write_text('require_plp = true\nplp = "assume_unsafe"\n' + l3cfg.example_config(str(tmp_path / "disk"))
+                   .replace("require_plp = false", "").replace('plp = "auto"', ""))
     proc = doctor("--json", "--enable-cp-l3", "--cp-l3-config", str(cfg))
     assert proc.returncode == 1
     rep = json.loads(proc.stdout)
-    assert any("feature l3 is enabled but cannot work" in p for p in rep["problems"])
+    assert any("require_plp" in p for p in rep["problems"]), rep["problems"]
     assert rep["hardware"]["l3_paths"] and rep["hardware"]["l3_paths"][0]["o_direct"] in (True, False, None)
+
+
+def test_l3_section_shows_backend_class_extra_config_and_state(tmp_path):
+    l3cfg = pytest.importorskip("sglang_glm_ext.l3.config")
+    cfg = l3cfg.write_example_config(str(tmp_path / "l3"))
+    proc = doctor("--json", "--enable-cp-l3", "--cp-l3-config", cfg)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    l3 = json.loads(proc.stdout)["l3"]
+    assert l3["backend_class"] == "sglang_glm_ext.l3.hicache.backend.L3HiCacheStorage"
+    assert l3["extra_config"]["backend_name"] == "sglang_glm_ext.l3" and l3["extra_config"]["interface_v1"] == 1
+    assert l3["state"]["deployment_id"] == "example" and l3["state"]["index"]["exists"] is False
+    text = doctor("--enable-cp-l3", "--cp-l3-config", cfg).stdout
+    assert "L3 backend: sglang_glm_ext.l3.hicache.backend.L3HiCacheStorage" in text and "extra config:" in text
 
 
 def test_kill_switch_shows_disabled_plugin():

@@ -1,8 +1,10 @@
 """Whether a feature can work in this process, and the refusal of a launch that switched on one that cannot."""
 
+import dataclasses
+
 import pytest
 
-from sglang_glm_ext.declare import PluginFlagError
+from sglang_glm_ext.declare import PluginFlagError, Tier
 from sglang_glm_ext.patching.ledger import Ledger, PatchStatus, State
 from sglang_glm_ext.plugin import features, register
 from sglang_glm_ext.plugin.registry import FEATURE_BY_NAME, PATCHES
@@ -29,8 +31,23 @@ def test_available_when_every_patch_of_the_feature_applied(monkeypatch):
 
 
 def test_a_declared_unavailable_feature_says_why_whatever_the_patches(monkeypatch):
+    # No feature of this build is declared unavailable any more (L3 lost its reason when its backend landed):
+    # the rule is checked on a record of the same shape.
     _ledger(monkeypatch)
-    assert "HiCache" in features.why_unavailable(L3)
+    assert features.why_unavailable(L3) == ""
+    held_back = dataclasses.replace(L3, unavailable="its wiring into SGLang's HiCache is not in this build")
+    assert "HiCache" in features.why_unavailable(held_back)
+
+
+def test_demo_tier_patches_never_make_their_feature_unavailable(monkeypatch):
+    # register() never applies the CPU stand-ins: their skipped state says nothing about serving L3. A skipped or
+    # failed serving patch of the same feature still does.
+    led = _ledger(monkeypatch, lambda p: State.SKIPPED if p.tier is Tier.DEMO else State.APPLIED, "demo/test-only")
+    assert any(p.tier is Tier.DEMO and p.feature is L3 for p in led.patches)
+    assert features.why_unavailable(L3) == ""
+    _ledger(monkeypatch, lambda p: State.SKIPPED if p.tier is Tier.DEMO or p.id == "l3.translate_flags"
+            else State.APPLIED, "gone")
+    assert features.why_unavailable(L3) == "patch l3.translate_flags skipped: gone"
 
 
 def test_unregistered_plugin_makes_every_feature_unavailable(monkeypatch):

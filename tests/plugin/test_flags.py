@@ -103,12 +103,15 @@ def test_real_engine_refuses_bad_l3_options_before_launching():
         sglang.Engine(model_path="dummy", enable_cp_l3=True)
 
 
-def test_enable_cp_l3_with_valid_config_is_refused_until_wired(tmp_path):
+def test_enable_cp_l3_with_valid_config_needs_hierarchical_cache(tmp_path):
+    # The backend is wired (tests/l3/hicache/test_hooks.py); without HiCache there is no tier to put L3 under.
     l3cfg = pytest.importorskip("sglang_glm_ext.l3.config")
     path = tmp_path / "l3.toml"
     path.write_text(l3cfg.example_config(str(tmp_path / "disk")))
-    with pytest.raises(SystemExit, match="cannot work"):
+    with pytest.raises(SystemExit, match="needs --enable-hierarchical-cache"):
         parse(["--model-path", "dummy", "--enable-cp-l3", "--cp-l3-config", str(path)])
+    sa = parse(["--model-path", "dummy", "--enable-hierarchical-cache", "--enable-cp-l3", "--cp-l3-config", str(path)])
+    assert sa.hicache_storage_backend == "dynamic"
 
 
 def test_scheduler_process_reads_flags_from_the_published_record():

@@ -31,3 +31,11 @@ def test_flags_and_env_vars_come_from_the_features():
 def test_every_doctor_part_is_a_report_function():
     for part in registry.DOCTOR_PARTS:
         assert part.__name__ == "report" and part.__module__.endswith(".doctor"), part
+
+
+def test_sglang_args_are_the_features_own_in_row_order_without_repeats():
+    want = [a for f in registry.FEATURES for a in f.sglang_args]
+    assert list(registry.SGLANG_ARGS) == list(dict.fromkeys(want))
+    assert "moe_a2a_backend" in registry.SGLANG_ARGS  # megamoe's switch
+    for f in registry.FEATURES:
+        assert bool(f.sglang_args) == (f.active_when is not None), f.name  # doctor can pass what it reads

@@ -1,0 +1,170 @@
+"""Thin hooks that put the L3 backend into SGLang's own storage mechanism (declared in ``l3/patches.py``).
+
+``l3.translate_flags`` (BEFORE ``ServerArgs.resolve_once``): ``--enable-cp-l3 --cp-l3-config PATH`` becomes
+``hicache_storage_backend="dynamic"`` + ``hicache_storage_backend_extra_config`` (``attach.extra_config``) on the
+record before SGLang resolves it, so SGLang's own checks run on the result (among them its refusal of storage
+with ``--enable-kv-cache-sharding``). A registered backend name is not possible in 0.5.23 (the factory's
+registered-name path ends in "Unknown built-in backend" and the CLI restricts the choices). Every way a record
+is built reaches ``resolve_once``: ``launch_server`` / ``sglang serve``, ``--config`` YAML (parsed into the same
+CLI namespace) and ``Engine(...)``.
+
+``l3.translate_flags_cli`` (AFTER ``ServerArgs.from_cli_args``, after the plugin's own flag hook attached the
+values): the same translation for a command line, so a CLI user gets a one-line ``sglang-glm-ext: ...`` exit
+instead of a traceback from ``resolve_once``.
+
+``l3.storage_kv_dtype`` (AFTER ``HiCacheController._generate_storage_config``): SGLang's ``HiCacheStorageConfig``
+has no KV dtype (0.5.23 TODO, issue #33268); for the plugin's backend only, the controller's device pool dtype is
+added to the extra config, so e4m3 and e5m2 KV (both uint8 on the host) get different namespaces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from ...declare import PluginFlagError, carried_values
+from ..feature import CP_L3_CONFIG, ENABLE_CP_L3
+from . import attach
+
+__all__ = ["translate", "hook_resolve_once", "hook_from_cli_args", "hook_storage_config", "server_launched",
+           "TRANSLATED_ATTR"]
+
+TRANSLATED_ATTR = "_glm_ext_l3"  # bookkeeping on the record (pickled to schedulers): what the plugin set
+_LAUNCHED = False
+
+
+def server_launched() -> bool:
+    """Whether a server/Engine launch was resolved in this process (the CPU stand-ins refuse to install then)."""
+    return _LAUNCHED
+
+
+def _nearest_dir(path: str) -> str:
+    p = os.path.abspath(path)
+    while not os.path.isdir(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    return p
+
+
+def check_l3_config(path: str):
+    """Load the config and check what serving will need from the disks. PluginFlagError names the problem."""
+    from ..config import L3Config, L3ConfigError
+    from ..plp import PlpRequiredError, check_plp, probe_plp
+
+    if not path:
+        raise PluginFlagError("--enable-cp-l3 needs --cp-l3-config PATH (write one: sglang-glm-ext l3 example-config)")
+    if not os.path.isfile(path):
+        raise PluginFlagError(f"--cp-l3-config {path!r}: no such file")
+    try:
+        cfg = L3Config.load(path)
+    except (L3ConfigError, OSError) as exc:
+        raise PluginFlagError(f"--cp-l3-config {path}: {exc}") from exc
+    for what, p in [*((f"disks[{i}].path", d.path) for i, d in enumerate(cfg.disks)), ("index.path", cfg.index_path)]:
+        if os.path.exists(p) and not os.path.isdir(p):
+            raise PluginFlagError(f"--cp-l3-config {path}: {what} {p!r} exists and is not a directory")
+        base = _nearest_dir(p)
+        if not os.access(base, os.W_OK | os.X_OK):
+            raise PluginFlagError(f"--cp-l3-config {path}: {what} {p!r} is not writable by this user "
+                                  f"({base} is not writable)")
+    if cfg.require_plp:
+        for i, d in enumerate(cfg.disks):
+            try:
+                check_plp(probe_plp(_nearest_dir(d.path), plp=cfg.plp, latency_probe=False), True)
+            except PlpRequiredError as exc:
+                raise PluginFlagError(f"--cp-l3-config {path}: disks[{i}]: {exc}") from exc
+    return cfg
+
+
+def _user_extra(raw: Any) -> dict:
+    if raw in (None, ""):
+        return {}
+    if isinstance(raw, dict):
+        return dict(raw)
+    if isinstance(raw, str) and raw.startswith("@"):
+        raise PluginFlagError("--hicache-storage-backend-extra-config @FILE cannot be combined with --enable-cp-l3; "
+                              f"pass SGLang's keys inline as JSON ({', '.join(attach.SGLANG_CONTROLLER_KEYS)})")
+    try:
+        val = json.loads(raw)
+    except (TypeError, ValueError) as exc:
+        raise PluginFlagError(f"--hicache-storage-backend-extra-config is not JSON: {exc}") from exc
+    if not isinstance(val, dict):
+        raise PluginFlagError("--hicache-storage-backend-extra-config must be a JSON object")
+    return val
+
+
+def translate(server_args) -> bool:
+    """Turn the plugin's L3 flags on ``server_args`` into SGLang's storage-backend fields, once. True when it did.
+
+    Raises PluginFlagError (a ValueError; the CLI hook turns it into a one-line exit) before serving when:
+    HiCache is off, a storage backend is already named, KV-cache sharding is on, buffer_only host memory is
+    asked for, or the config is missing, invalid, unwritable, or requires PLP on a disk not known safe.
+    """
+    if getattr(server_args, "_resolution_finished", False) or getattr(server_args, TRANSLATED_ATTR, None):
+        return False
+    values = carried_values(server_args)
+    if not ENABLE_CP_L3.value_in(values):
+        return False
+    if not getattr(server_args, "enable_hierarchical_cache", False):
+        raise PluginFlagError("--enable-cp-l3 needs --enable-hierarchical-cache: L3 is HiCache's storage tier, "
+                              "below the host-memory (L2) cache")
+    named = getattr(server_args, "hicache_storage_backend", None)
+    if named is not None:
+        raise PluginFlagError(f"--enable-cp-l3 selects the HiCache storage backend itself; drop "
+                              f"--hicache-storage-backend {named}")
+    if getattr(server_args, "enable_kv_cache_sharding", False):
+        raise PluginFlagError("--enable-cp-l3 does not support --enable-kv-cache-sharding yet: SGLang's storage "
+                              "path moves whole pages per rank, not each rank's stripe")
+    if getattr(server_args, "hicache_host_memory_mode", "cache") != "cache":
+        raise PluginFlagError("--enable-cp-l3 needs --hicache-host-memory-mode cache (buffer_only is not served)")
+    path = CP_L3_CONFIG.value_in(values)
+    cfg = check_l3_config(path)
+    try:
+        extra = attach.extra_config(path,
+                                    _user_extra(getattr(server_args, "hicache_storage_backend_extra_config", None)))
+    except ValueError as exc:
+        raise PluginFlagError(str(exc)) from exc
+    server_args.hicache_storage_backend = "dynamic"
+    server_args.hicache_storage_backend_extra_config = json.dumps(extra, sort_keys=True)
+    setattr(server_args, TRANSLATED_ATTR, {"extra_config": extra, "deployment_id": cfg.deployment_id})
+    return True
+
+
+# ---- hooks (declared in l3/patches.py) ----
+
+def hook_resolve_once(self, *args, **kwargs):
+    """BEFORE ServerArgs.resolve_once: translate the L3 flags while the record is still the operator's input."""
+    global _LAUNCHED
+    if getattr(self, "_launch_command", None):
+        standins = sys.modules.get("sglang_glm_ext.l3.hicache.testing.cpu_standins")
+        if standins is not None and standins.installed():
+            raise PluginFlagError("sglang-glm-ext: the CPU demo/test stand-ins for SGLang's GPU copy ops are "
+                                  "installed in this process; a server must not run on them")
+        _LAUNCHED = True
+    translate(self)
+    return None
+
+
+def hook_from_cli_args(server_args, cls, ns, *args, **kwargs):
+    """AFTER ServerArgs.from_cli_args (outside the plugin's flag hook, which attached the values): translate now,
+    so a command-line user gets one clear line, not a traceback from resolve_once."""
+    try:
+        translate(server_args)
+    except PluginFlagError as exc:
+        raise SystemExit(f"sglang-glm-ext: {exc}") from None
+    return server_args
+
+
+def hook_storage_config(result, self, *args, **kwargs):
+    """AFTER HiCacheController._generate_storage_config: give the plugin's backend the logical KV dtype."""
+    extra = getattr(result, "extra_config", None)
+    if isinstance(extra, dict) and extra.get("backend_name") == attach.BACKEND_NAME:
+        dev = getattr(self, "mem_pool_device", None)
+        dtype = getattr(dev, "dtype", None)
+        if dtype is not None:
+            extra["kv_dtype"] = str(dtype).removeprefix("torch.")
+            extra["kv_device_pool"] = type(dev).__name__
+    return result

@@ -1,0 +1,247 @@
+"""CPU stand-ins for what SGLang's HiCache needs a GPU for: the sgl_kernel KV copy ops and pinned host pools.
+
+DEMO/TEST-ONLY. Declared in the ledger with ``Tier.DEMO`` (``l3/patches.py``), which ``register()``
+never applies; only :func:`install` does, and it refuses where it could touch serving:
+
+* a CUDA (or other accelerator) device is visible: the real kernels exist there and must be what runs;
+* this process launched (or is) an SGLang server: a published ``ServerArgs`` carries ``_launch_command``
+  (set by ``prepare_server_args`` for the CLI and by ``Engine(...)``), or the plugin's server-args hook has
+  already seen a launch. The same hook refuses a launch in a process where the stand-ins are installed.
+
+What they are (``../../../../shared/research/hicache_cpu.md``): 0.5.23's host pools import the kvcacheio ops only
+under ``if _is_cuda or _is_hip`` / ``elif _is_xpu``, so on a CPU the names are unbound and any D2H/H2D raises
+NameError. :func:`install` binds pure-torch / numpy copies with the same keyword signatures into
+``sglang.srt.mem_cache.pool_host.{mla,dsa,mha}`` (only names that are not bound), and wraps the host pools'
+``__init__`` so ``pin_memory=False`` (pinning calls cudaHostRegister). They reproduce sgl-kernel semantics for
+page-aligned index lists; they do NOT validate the CUDA kernels (a GPU job does).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+
+import numpy as np
+
+__all__ = ["install", "installed", "uninstall", "StandinRefused", "KVCACHEIO_NAMES", "UNPINNED_POOLS",
+           "refusal_reason"]
+
+_MODULES = ("sglang.srt.mem_cache.pool_host.mla", "sglang.srt.mem_cache.pool_host.dsa",
+            "sglang.srt.mem_cache.pool_host.mha")
+# Direct-I/O ops (tensor lists) and the MLA kernel-I/O ops (pointer tables). MHA kernel-I/O ops are not
+# stood in: MHA flows here run with direct I/O.
+KVCACHEIO_NAMES = (
+    "transfer_kv_direct",
+    "transfer_kv_per_layer_direct_pf_lf",
+    "transfer_kv_all_layer_direct_lf_pf",
+    "transfer_kv_per_layer_mla",
+    "transfer_kv_all_layer_mla",
+    "transfer_kv_per_layer_mla_pf_lf",
+    "transfer_kv_all_layer_mla_lf_pf",
+)
+UNPINNED_POOLS = (
+    ("sglang.srt.mem_cache.pool_host.mla", "MLATokenToKVPoolHost"),
+    ("sglang.srt.mem_cache.pool_host.dsa", "DSAIndexerPoolHost"),
+    ("sglang.srt.mem_cache.pool_host.mha", "MHATokenToKVPoolHost"),
+)
+
+_lock = threading.Lock()
+_installed: dict = {}  # (module, name) -> previous value (None: was unbound) ; ("init", cls) -> original __init__
+
+
+class StandinRefused(RuntimeError):
+    """install() was asked where the stand-ins could end up under a real server or next to real kernels."""
+
+
+# ---------------------------------------------------------------------------------------------- the ops
+def _flat_rows(t):
+    """(rows, elements-per-row) view of a contiguous tensor whose first dim indexes rows."""
+    return t.reshape(t.shape[0], -1)
+
+
+def transfer_kv_direct(src_layers, dst_layers, src_indices, dst_indices, page_size):
+    for src, dst in zip(src_layers, dst_layers, strict=True):
+        _flat_rows(dst)[dst_indices.long()] = _flat_rows(src)[src_indices.long()]
+
+
+def _paged_view(t):
+    """(pages, layers, page_size, row) view of a page_first_direct host buffer ``(pages, L, ps, ...)``."""
+    return t.reshape(t.shape[0], t.shape[1], t.shape[2], -1)
+
+
+def transfer_kv_per_layer_direct_pf_lf(src_ptrs, dst_ptrs, src_indices, dst_indices, layer_id, page_size):
+    h = src_indices.long()
+    d = dst_indices.long()
+    for src, dst in zip(src_ptrs, dst_ptrs, strict=True):
+        view = _paged_view(src)
+        _flat_rows(dst)[d] = view[h // page_size, layer_id, h % page_size]
+
+
+def transfer_kv_all_layer_direct_lf_pf(src_ptrs, dst_ptrs, src_indices, dst_indices, page_size):
+    d = src_indices.long()
+    h = dst_indices.long()
+    per = len(src_ptrs) // len(dst_ptrs)
+    if per * len(dst_ptrs) != len(src_ptrs):
+        raise ValueError(f"{len(src_ptrs)} device layers do not split over {len(dst_ptrs)} host buffers")
+    for c, dst in enumerate(dst_ptrs):
+        view = _paged_view(dst)
+        for layer in range(per):
+            view[h // page_size, layer, h % page_size] = _flat_rows(src_ptrs[c * per + layer])[d]
+
+
+def _addr_rows(address: int, rows: int, row_bytes: int, stride: int) -> np.ndarray:
+    """``rows`` x ``row_bytes`` uint8 view of raw memory at ``address`` with a byte ``stride`` between rows."""
+    extent = (rows - 1) * stride + row_bytes
+    flat = np.ctypeslib.as_array((ctypes.c_uint8 * extent).from_address(int(address)))
+    return np.lib.stride_tricks.as_strided(flat, shape=(rows, row_bytes), strides=(stride, 1))
+
+
+def _np_index(t):
+    return t.detach().cpu().numpy().astype(np.int64, copy=False)
+
+
+def _tensor_rows(t, row_bytes: int) -> np.ndarray:
+    """Writable uint8 (rows, row_bytes) view of a contiguous CPU tensor (a copy would lose the writes)."""
+    import torch
+
+    if not t.is_contiguous():
+        raise ValueError("kvcacheio stand-in needs a contiguous tensor")
+    return t.view(-1).view(torch.uint8).numpy().reshape(-1, row_bytes)
+
+
+def transfer_kv_per_layer_mla(src, dst, src_indices, dst_indices, item_size):
+    s, d = _np_index(src_indices), _np_index(dst_indices)
+    _tensor_rows(dst, item_size)[d] = _tensor_rows(src, item_size)[s]
+
+
+def transfer_kv_all_layer_mla(src_layers, dst_layers, src_indices, dst_indices, item_size, num_layers):
+    s, d = _np_index(src_indices), _np_index(dst_indices)
+    if not len(s):
+        return
+    for layer in range(num_layers):
+        src = _addr_rows(int(src_layers[layer]), int(s.max()) + 1, item_size, item_size)
+        dst = _addr_rows(int(dst_layers[layer]), int(d.max()) + 1, item_size, item_size)
+        dst[d] = src[s]
+
+
+def transfer_kv_per_layer_mla_pf_lf(src, dst, src_indices, dst_indices, layer_id, item_size, src_layout_dim):
+    s, d = _np_index(src_indices), _np_index(dst_indices)
+    if not len(s):
+        return
+    host = _addr_rows(src.data_ptr() + layer_id * item_size, int(s.max()) + 1, item_size, src_layout_dim)
+    _tensor_rows(dst, item_size)[d] = host[s]
+
+
+def transfer_kv_all_layer_mla_lf_pf(src_layers, dst, src_indices, dst_indices, item_size, dst_layout_dim,
+                                    num_layers):
+    s, d = _np_index(src_indices), _np_index(dst_indices)
+    if not len(s):
+        return
+    for layer in range(num_layers):
+        src = _addr_rows(int(src_layers[layer]), int(s.max()) + 1, item_size, item_size)
+        host = _addr_rows(dst.data_ptr() + layer * item_size, int(d.max()) + 1, item_size, dst_layout_dim)
+        host[d] = src[s]
+
+
+_OPS = {name: globals()[name] for name in KVCACHEIO_NAMES}
+
+
+# ---------------------------------------------------------------------------------------------- guard
+def refusal_reason() -> str:
+    """'' when installing here is safe (CPU-only, no server launched in this process), else why not."""
+    try:
+        import torch
+    except Exception as exc:  # noqa: BLE001
+        return f"torch does not import: {exc}"
+    if torch.cuda.is_available():
+        return "a CUDA device is visible: the real sgl_kernel ops must run here, never the CPU stand-ins"
+    for name in ("xpu", "npu", "musa"):
+        mod = getattr(torch, name, None)
+        try:
+            if mod is not None and mod.is_available():
+                return f"a {name} device is visible: the stand-ins are for CPU-only machines"
+        except Exception:  # noqa: BLE001 - a backend that cannot answer is not a device we can use
+            pass
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        published = get_server_args()
+    except Exception:  # noqa: BLE001 - nothing published: not a server
+        published = None
+    if published is not None and getattr(published, "_launch_command", None):
+        return ("an SGLang server or Engine was launched in this process "
+                f"({published._launch_command}); the stand-ins are demo/test-only")
+    from .. import hooks
+
+    if hooks.server_launched():
+        return "an SGLang server or Engine launch was resolved in this process; the stand-ins are demo/test-only"
+    return ""
+
+
+def installed() -> bool:
+    return bool(_installed)
+
+
+# ---------------------------------------------------------------------------------------------- install
+def _unpinned_init(original):
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        kwargs["pin_memory"] = False
+        return original(self, *args, **kwargs)
+
+    __init__._glm_ext_cpu_standin = True
+    return __init__
+
+
+def install() -> None:
+    """Bind the kvcacheio stand-ins and unpin host pools in this process. Idempotent. Raises StandinRefused
+    where that would be unsafe (see module docstring). The ledger keeps showing the DEMO patches as skipped by
+    register() (this folder does not reach the plugin's ledger); :func:`installed` says whether they are in."""
+    import importlib
+
+    with _lock:
+        why = refusal_reason()
+        if why:
+            raise StandinRefused(f"sglang-glm-ext CPU stand-ins refused: {why}")
+        if _installed:
+            return
+        done: dict = {}
+        try:
+            for mod_name in _MODULES:
+                mod = importlib.import_module(mod_name)
+                for name, fn in _OPS.items():
+                    if getattr(mod, name, None) is None:
+                        done[(mod_name, name)] = None
+                        setattr(mod, name, fn)
+            for mod_name, cls_name in UNPINNED_POOLS:
+                cls = getattr(importlib.import_module(mod_name), cls_name)
+                init = cls.__dict__["__init__"]
+                if not getattr(init, "_glm_ext_cpu_standin", False):
+                    done[("init", cls)] = init
+                    cls.__init__ = _unpinned_init(init)
+        except Exception:
+            _undo(done)
+            raise
+        _installed.update(done)
+
+
+def _undo(done: dict) -> None:
+    import importlib
+
+    for key, prev in done.items():
+        if key[0] == "init":
+            key[1].__init__ = prev
+        else:
+            mod = importlib.import_module(key[0])
+            if prev is None:
+                mod.__dict__.pop(key[1], None)
+            else:
+                setattr(mod, key[1], prev)
+
+
+def uninstall() -> None:
+    """Undo :func:`install` (tests)."""
+    with _lock:
+        _undo(_installed)
+        _installed.clear()

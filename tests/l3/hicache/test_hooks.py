@@ -1,0 +1,200 @@
+"""--enable-cp-l3 reaches SGLang as its own dynamic storage backend (CLI, --config YAML, Engine), every startup
+error is a clear plugin error before serving, and the CPU stand-ins never get near a server or a GPU."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sglang_glm_ext.declare import PluginFlagError
+from sglang_glm_ext.l3.hicache import attach, hooks
+
+from .conftest import write_config
+
+
+@pytest.fixture(scope="module", autouse=True)
+def loaded(plugin):
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+
+
+def parse(argv):
+    from sglang.srt.server_args import prepare_server_args
+
+    return prepare_server_args(argv)
+
+
+def l3_argv(cfg, *more):
+    return ["--model-path", "dummy", "--enable-hierarchical-cache", "--enable-cp-l3", "--cp-l3-config", cfg, *more]
+
+
+def test_cli_flags_become_sglang_dynamic_backend_and_resolve(tmp_path):
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    cfg = write_config(tmp_path)
+    sa = parse(l3_argv(cfg))
+    assert sa.hicache_storage_backend == "dynamic"
+    extra = json.loads(sa.hicache_storage_backend_extra_config)
+    assert extra["backend_name"] == attach.BACKEND_NAME and extra["interface_v1"] == 1
+    assert extra["module_path"] == attach.MODULE_PATH and extra["class_name"] == attach.CLASS_NAME
+    assert extra["l3_config"] == cfg
+    sa.resolve_once()  # the translated record is SGLang's input: every resolution handler reads these values
+    view = resolving_view(sa)
+    assert view.hicache_storage_backend == "dynamic"
+    assert json.loads(view.hicache_storage_backend_extra_config) == extra
+
+
+def test_config_yaml_and_sglang_controller_keys(tmp_path):
+    cfg = write_config(tmp_path)
+    y = tmp_path / "serve.yaml"
+    y.write_text(f"model-path: dummy\nenable-hierarchical-cache: true\nenable-cp-l3: true\ncp-l3-config: {cfg}\n"
+                 "hicache-storage-backend-extra-config: '{\"prefetch_threshold\": 128}'\n")
+    sa = parse(["--config", str(y)])
+    extra = json.loads(sa.hicache_storage_backend_extra_config)
+    assert sa.hicache_storage_backend == "dynamic" and extra["prefetch_threshold"] == 128
+
+
+def test_engine_keywords_are_translated_at_resolve(tmp_path):
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_glm_ext.plugin import flags
+
+    cfg = write_config(tmp_path)
+    # What Engine(enable_cp_l3=True, cp_l3_config=cfg, ...) builds (flags.hook_engine_init attaches the values).
+    sa = ServerArgs(model_path="dummy", enable_hierarchical_cache=True)
+    flags.attach(sa, flags.validate({"enable_cp_l3": True, "cp_l3_config": cfg}))
+    assert sa.hicache_storage_backend is None
+    sa.resolve_once()
+    assert sa.hicache_storage_backend == "dynamic" and getattr(sa, hooks.TRANSLATED_ATTR)["deployment_id"]
+
+
+def test_translation_happens_once_and_survives_pickling(tmp_path):
+    import pickle
+
+    cfg = write_config(tmp_path)
+    sa = parse(l3_argv(cfg))
+    assert hooks.translate(sa) is False  # already done by the CLI hook
+    child = pickle.loads(pickle.dumps(sa))
+    assert child.hicache_storage_backend == "dynamic" and hooks.translate(child) is False
+
+
+@pytest.mark.parametrize("argv_extra,needle", [
+    (["--hicache-storage-backend", "file"], "drop --hicache-storage-backend file"),
+    (["--enable-kv-cache-sharding"], "does not support --enable-kv-cache-sharding"),
+    (["--hicache-host-memory-mode", "buffer_only"], "buffer_only is not served"),
+    (["--hicache-storage-backend-extra-config", '{"file_storage_path": "/x"}'], "cannot be combined"),
+    (["--hicache-storage-backend-extra-config", "@/x.json"], "@FILE cannot be combined"),
+    (["--hicache-storage-backend-extra-config", "{not json"], "is not JSON"),
+])
+def test_conflicting_sglang_flags_are_refused_in_plugin_words(tmp_path, argv_extra, needle):
+    with pytest.raises(SystemExit, match="sglang-glm-ext: .*" + needle.replace("(", r"\(")):
+        parse(l3_argv(write_config(tmp_path), *argv_extra))
+
+
+def test_without_hierarchical_cache_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="needs --enable-hierarchical-cache"):
+        parse(["--model-path", "dummy", "--enable-cp-l3", "--cp-l3-config", write_config(tmp_path)])
+
+
+def test_engine_path_raises_a_value_error_at_resolve(tmp_path):
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_glm_ext.plugin import flags
+
+    sa = ServerArgs(model_path="dummy")  # no --enable-hierarchical-cache
+    flags.attach(sa, flags.validate({"enable_cp_l3": True, "cp_l3_config": write_config(tmp_path)}))
+    with pytest.raises(PluginFlagError, match="needs --enable-hierarchical-cache"):
+        sa.resolve_once()
+
+
+def test_missing_and_invalid_config(tmp_path):
+    with pytest.raises(SystemExit, match="no such file"):
+        parse(l3_argv(str(tmp_path / "absent.toml")))
+    bad = tmp_path / "bad.toml"
+    bad.write_text("disks = 3\n")
+    with pytest.raises(SystemExit, match="disks"):
+        parse(l3_argv(str(bad)))
+
+
+def test_unwritable_path_is_refused(tmp_path):
+    import os
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    cfg = write_config(ro)
+    os.chmod(ro / "l3", 0o500)
+    try:
+        if os.access(ro / "l3", os.W_OK):
+            pytest.skip("running as a user that ignores permission bits (root)")
+        with pytest.raises(SystemExit, match="not writable"):
+            parse(l3_argv(cfg))
+    finally:
+        os.chmod(ro / "l3", 0o700)
+
+
+def test_unwritable_path_is_refused_even_for_root(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    cfg = write_config(tmp_path)
+    text = open(cfg).read().replace(f'path = "{tmp_path}/l3/disk0"', f'path = "{blocker}"')
+    open(cfg, "w").write(text)
+    with pytest.raises(SystemExit, match="is not a directory"):
+        parse(l3_argv(cfg))
+
+
+def test_require_plp_on_a_disk_not_known_safe_is_refused(tmp_path):
+    cfg = write_config(tmp_path, require_plp=True, plp="assume_unsafe")
+    with pytest.raises(SystemExit, match="require_plp"):
+        parse(l3_argv(cfg))
+    ok = write_config(tmp_path, name="safe", require_plp=True, plp="assume_safe")
+    assert parse(l3_argv(ok)).hicache_storage_backend == "dynamic"
+
+
+def test_register_never_installs_the_cpu_standins():
+    code = ("import sglang_glm_ext as p; led = p.register();"
+            "import sglang.srt.mem_cache.pool_host.mla as m, sglang.srt.mem_cache.pool_host.dsa as d;"
+            "demo = {s.patch.id: s.state.value for s in led.status.values() if s.patch.tier.value == 'demo'};"
+            "print(sorted(set(demo.values())), hasattr(m, 'transfer_kv_direct'), hasattr(d, 'transfer_kv_direct'),"
+            "len(demo))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.split()[-4:] == ["['skipped']", "False", "False", "4"], out.stderr[-2000:]
+
+
+def test_standins_refuse_where_a_gpu_is_visible(monkeypatch):
+    import torch
+
+    from sglang_glm_ext.l3.hicache.testing import cpu_standins
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(cpu_standins.StandinRefused, match="CUDA device is visible"):
+        cpu_standins.install()
+    assert not cpu_standins.installed()
+
+
+def test_standins_refuse_in_a_process_that_launched_a_server(monkeypatch):
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_glm_ext.l3.hicache.testing import cpu_standins
+
+    sa = ServerArgs(model_path="dummy")
+    sa._launch_command = "python -m sglang.launch_server --model-path dummy"
+    monkeypatch.setattr("sglang.srt.runtime_context.get_server_args", lambda: sa)
+    with pytest.raises(cpu_standins.StandinRefused, match="was launched in this process"):
+        cpu_standins.install()
+    monkeypatch.undo()
+    monkeypatch.setattr(hooks, "_LAUNCHED", True)
+    with pytest.raises(cpu_standins.StandinRefused, match="launch was resolved"):
+        cpu_standins.install()
+
+
+def test_a_server_launch_is_refused_where_the_standins_are_installed():
+    # A fresh process: install the stand-ins, then try to launch an Engine; the resolve hook refuses it before
+    # anything starts.
+    code = ("import sglang_glm_ext as p; p.register();"
+            "from sglang_glm_ext.l3.hicache.testing import cpu_standins; cpu_standins.install();"
+            "import sglang\n"
+            "try:\n    sglang.Engine(model_path='dummy')\nexcept Exception as e:\n    print('REFUSED', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "REFUSED" in out.stdout and "stand-ins" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]

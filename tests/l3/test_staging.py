@@ -1,0 +1,155 @@
+"""A page is visible to exists / reload as soon as spill accepted it (what SGLang expects of a HiCache backend): served
+from its staging buffer until it is durable, never after it was cancelled or its write failed, and the writer never
+releases a buffer a reader is still copying."""
+
+import errno
+import hashlib
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from sglang_glm_ext.l3.config import L3Config
+from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.layout import PageLayout
+
+PB = 2 * 4096 + 300
+SLOT = slot_bytes_for(PB)
+NS = Namespace("glm5", "bf16", "page_first", 64, 0, 4, "tp0")
+K = PayloadKind.TARGET_KV
+
+
+def key(i, salt="s"):
+    return hashlib.sha256(f"{salt}{i}".encode()).hexdigest()
+
+
+def page(i, salt="s"):
+    return np.frombuffer(hashlib.shake_256(f"{salt}{i}".encode()).digest(PB), dtype=np.uint8).copy()
+
+
+def cfg(tmp_path):
+    return L3Config.from_dict({
+        "deployment_id": "st",
+        "disks": [{"path": str(tmp_path / "disk"), "budget": 32 * SLOT}],
+        "index": {"path": str(tmp_path / "index"), "map_size": 16 * 2**20},
+        "queues": {"staging_bytes": 16 * SLOT, "write_batch_pages": 4, "io_threads": 2, "reload_threads": 2},
+    })
+
+
+class Gate:
+    """A pwrite that blocks until opened (a stalled disk), then fails with ``err`` or writes."""
+
+    def __init__(self, err=None):
+        self.open, self.entered, self.err = threading.Event(), threading.Event(), err
+
+    def __call__(self, fd, data, offset):
+        self.entered.set()
+        self.open.wait(30)
+        if self.err is not None:
+            raise OSError(self.err, f"injected: {os.strerror(self.err)}")
+        return os.pwrite(fd, data, offset)
+
+
+@pytest.fixture
+def stalled(store):
+    gate = Gate()
+    store.slab(K).inject_write_fault(gate)
+    yield gate
+    gate.open.set()
+    store.slab(K).inject_write_fault(None)
+
+
+def test_a_staged_page_is_visible_and_served_before_it_is_durable(store, stalled):
+    keys = [key(i) for i in range(3)]
+    assert store.spill(K, keys, [page(i) for i in range(3)]) == [True] * 3
+    assert store.exists(K, keys + [key(9)]) == 3  # at once, while the disk is stalled
+    assert store.exists(K, keys, include_staged=False) == 0  # ...and none of it is durable yet
+    dsts = [np.zeros(PB, np.uint8) for _ in range(3)]
+    assert store.reload_into(K, keys, dsts) == [True] * 3
+    assert all(np.array_equal(d, page(i)) for i, d in enumerate(dsts))
+    host = np.zeros(4 * PB, np.uint8)  # a page-first host pool of 4 pages; page 2 gets key 1
+    layout = PageLayout.page_first(host, page_bytes=PB, num_pages=4)
+    assert store.reload_into_layout(K, [key(1)], layout, [2]) == [True]
+    assert np.array_equal(host[2 * PB:3 * PB], page(1)) and not host[:2 * PB].any() and not host[3 * PB:].any()
+    st = store.stats()
+    assert st["reload_hits"] == 4 and st["reload_from_staging"] == 4 and st["verify_failures"] == 0
+    stalled.open.set()
+    assert store.flush(30)
+    assert store.exists(K, keys, include_staged=False) == 3
+    assert store.reload_into(K, keys[:1], dsts[:1]) == [True] and store.stats()["reload_from_staging"] == 4
+
+
+def test_exists_is_a_prefix_over_staged_and_durable_pages(store, stalled):
+    stalled.open.set()
+    assert all(store.spill(K, [key(0)], [page(0)])) and store.flush(30)  # durable
+    stalled.open.clear()
+    assert all(store.spill(K, [key(1)], [page(1)]))  # staged behind a stalled disk
+    assert store.exists(K, [key(0), key(1), key(2)]) == 2
+    assert store.exists(K, [key(1), key(0)]) == 2 and store.exists(K, [key(2), key(0)]) == 0
+    assert store.exists(K, [key(0), key(1)], include_staged=False) == 1
+
+
+def test_a_freed_or_cleared_staged_page_is_not_visible(store, stalled):
+    assert all(store.spill(K, [key(0), key(1)], [page(0), page(1)]))
+    store.free(K, [key(0)])
+    assert store.exists(K, [key(0)]) == 0 and store.exists(K, [key(1)]) == 1
+    assert store.reload_into(K, [key(0)], [np.zeros(PB, np.uint8)]) == [False]
+    stalled.open.set()
+    assert store.clear(30)
+    assert store.exists(K, [key(1)]) == 0
+    assert store.reload_into(K, [key(1)], [np.zeros(PB, np.uint8)]) == [False]
+
+
+def test_a_staged_page_whose_write_fails_disappears(store):
+    gate = Gate(err=errno.EIO)
+    store.slab(K).inject_write_fault(gate)
+    try:
+        assert store.spill(K, [key(5)], [page(5)]) == [True]
+        assert store.exists(K, [key(5)]) == 1  # visible while staged
+        out = np.zeros(PB, np.uint8)
+        assert store.reload_into(K, [key(5)], [out]) == [True] and np.array_equal(out, page(5))
+        gate.open.set()
+        assert store.flush(30)
+        assert store.stats()["write_errors"] == 1
+        assert store.exists(K, [key(5)]) == 0  # the failed write took it out of staging: a miss from now on
+        assert store.reload_into(K, [key(5)], [np.zeros(PB, np.uint8)]) == [False]
+        assert store.stats()["staging_bytes"] == 0
+    finally:
+        gate.open.set()
+        store.slab(K).inject_write_fault(None)
+
+
+class HoldingLayout:
+    """A PageLayout whose scatter (the reader's copy out of staging) waits until told to go on."""
+
+    def __init__(self, layout):
+        self.layout, self.num_pages = layout, layout.num_pages
+        self.copying, self.go = threading.Event(), threading.Event()
+
+    def scatter_from(self, page_index, src, src_offset=0):
+        self.copying.set()
+        assert self.go.wait(30)
+        return self.layout.scatter_from(page_index, src, src_offset)
+
+
+def test_the_writer_never_releases_a_buffer_a_reader_is_copying(store, stalled):
+    assert all(store.spill(K, [key(1)], [page(1)]))
+    host = np.zeros(2 * PB, np.uint8)
+    holding = HoldingLayout(PageLayout.page_first(host, page_bytes=PB, num_pages=2))
+    got = []
+    reader = threading.Thread(target=lambda: got.append(store.reload_into_layout(K, [key(1)], holding, [0])))
+    reader.start()
+    try:
+        assert holding.copying.wait(10)  # the reader holds its reference on the staged page
+        stalled.open.set()
+        assert store.flush(30)  # the writer finished the page (durable) while the reader still copies
+        assert store.stats()["staging_bytes"] == SLOT  # its buffer is kept for the reader, not back in the pool
+        # A new spill cannot be handed that buffer: it gets its own, and its bytes never reach the reader.
+        assert all(store.spill(K, [key(2)], [page(2)])) and store.flush(30)
+    finally:
+        holding.go.set()
+        reader.join(30)
+    assert got == [[True]] and np.array_equal(host[:PB], page(1))
+    assert store.stats()["staging_bytes"] == 0  # the last reader released it
+    assert store.stats()["reload_from_staging"] == 1

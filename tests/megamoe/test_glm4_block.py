@@ -1,0 +1,143 @@
+"""SGLang's real Glm4MoeSparseMoeBlock under megamoe at tp = ep = 2 (two gloo processes), with the plugin's hooks
+applied by its ledger and a fake deep_gemm whose kernel really dispatches and combines across the two ranks.
+
+What it proves (harness: glm4_block_harness.py):
+- the init hook rebuilds the shared expert replicated (full rows on each rank, where TP would give half);
+- every batch's output on each rank equals an independent reference for that rank's own rows (SGLang's
+  select_experts routing, SGLang's block dequant of the [gate; up] weights, all 8 experts although each rank holds
+  4, plus the shared expert): so the routing, the kernel arguments, the interleaved weights and the shared add are
+  right, and the rows come back complete with no all-reduce (GroupCoordinator.all_reduce is never called);
+- the kernel gets what SGLang's SM90 path needs (buffer sizes, int32/fp32 routing, group 128, the routed-scaling
+  factor once, recipe 128x128x128, the experts' mega_l1_weights);
+- a bypassed TopK (FlashInfer TRTLLM style) is materialised to the same routing;
+- a rank with 0 rows still enters the kernel; capture with an alt stream takes the kernel;
+- a batch over the cap on another rank only, or a layer without ready weights, is refused on both ranks alike
+  (no kernel call, so no rank waits in the collective);
+- SGLang's stock fused-MoE path never runs on the interleaved weights (its entry raises if called);
+- the launch check (real resolution pipeline on a real GLM-4 config) passes a valid FP8 SM90 launch, and the load
+  check names a layer whose weights are not ready.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from glm_configs import write_model_dir
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("glm4_block")
+    model = write_model_dir(tmp / "model")
+    port = str(_free_port())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    procs = [subprocess.Popen([sys.executable, str(HERE / "glm4_block_harness.py"), "2", str(r), port, model,
+                               str(tmp / f"rank{r}.json")], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=420)[0])
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail("the two-rank MegaMoE harness did not finish in 420 s (a rank waiting on the other?)")
+    out = []
+    for r in range(2):
+        f = tmp / f"rank{r}.json"
+        assert f.exists(), f"rank {r} wrote no result:\n{logs[r][-4000:]}"
+        res = json.loads(f.read_text())
+        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
+        out.append(res)
+    return out
+
+
+pytestmark = pytest.mark.slow
+
+
+def test_every_megamoe_patch_landed_and_parallel_layout(ranks):
+    for r, res in enumerate(ranks):
+        assert {k: v for k, v in res["patches"].items() if k.startswith("megamoe.")} == {
+            "megamoe.glm4_shared_replicated": "applied", "megamoe.glm4_forward": "applied",
+            "megamoe.dsv2_no_fallback": "applied", "megamoe.launch_check": "applied",
+            "megamoe.load_check": "applied"}
+        assert res["parallel"] == {"tp": 2, "ep": 2, "ep_rank": r}  # megamoe forces ep_size = tp_size
+        assert res["interleaved"] and res["ready"]
+
+
+def test_shared_expert_is_replicated_at_tp2(ranks):
+    for res in ranks:
+        # TP-sharded at tp=2 would hold 128 gate_up rows and 64 down columns.
+        assert res["shared"] == {"is_replicated": True, "gate_up_rows": 256, "down_cols": 128}
+
+
+@pytest.mark.parametrize("run", ["dp", "tp_no_global", "bypassed", "capture"])
+def test_each_rank_output_equals_reference_with_no_all_reduce(ranks, run):
+    for res in ranks:
+        entry = res["runs"][run]
+        assert entry["outcome"] == "mega" and entry["kernel_calls"] == 1
+        assert entry["y_shape"] == [entry["rows"], 256]
+        assert entry["rel_err"] < 1e-2, entry  # bf16 output of fp32 math
+        assert entry["ids_equal_select_experts"] and entry["weights_equal_select_experts"]
+        assert entry["all_reduces"] == []
+
+
+def test_empty_rank_still_enters_the_collective_kernel(ranks):
+    r0, r1 = (res["runs"]["empty_rank"] for res in ranks)
+    assert r0["rows"] == 4 and r1["rows"] == 0
+    assert r0["kernel_calls"] == r1["kernel_calls"] == 1 and r1["y_shape"] == [0, 256]
+    assert r0["rel_err"] < 1e-2
+
+
+@pytest.mark.parametrize("run", ["over_cap_elsewhere", "not_ready"])
+def test_refusals_are_rank_consistent_and_enter_no_kernel(ranks, run):
+    for res in ranks:
+        entry = res["runs"][run]
+        assert entry["outcome"] == "refused" and entry["kernel_calls"] == 0
+        assert "wrong tokens" in entry["message"]
+    over = ranks[0]["runs"]["over_cap_elsewhere"]
+    assert over["rows"] == 2 and "65 tokens per rank exceed" in over["message"]  # rank 0 itself was under the cap
+
+
+def test_stock_path_never_ran_on_interleaved_weights(ranks):
+    for res in ranks:
+        assert res["stock_calls"] == 0
+
+
+def test_kernel_arguments(ranks):
+    for res in ranks:
+        calls = res["calls"]
+        bufs = [c for n, c in calls if n == "get_symm_buffer_for_mega_moe"]
+        assert bufs and all(b == {"num_experts": 8, "num_max_tokens_per_rank": 64, "num_topk": 2, "hidden": 256,
+                                  "intermediate_hidden": 128, "num_shared_experts": 0, "mma_type": "fp8xfp4",
+                                  "activation": "swiglu"} for b in bufs)
+        for c in (c for n, c in calls if n == "mega_moe_pre_dispatch_sm90"):
+            assert c["group_size"] == 128 and c["routed_scaling_factor"] == 2.5
+            assert c["ids_dtype"] == "torch.int32" and c["weights_dtype"] == "torch.float32"
+            assert c["ids_shape"] == [c["num_tokens"], 2]
+        kernels = [c for n, c in calls if n == "fp8_mega_moe"]
+        assert kernels and all(k["recipe"] == [128, 128, 128] and k["activation"] == "swiglu" for k in kernels)
+        assert all(k["y_shape"] == [max(k["num_tokens"], 1), 256] for k in kernels)
+        assert res["l1_is_mega_l1"]
+
+
+def test_load_check(ranks):
+    for res in ranks:
+        assert res["load_check_ready"] == []
+        (problem,) = res["load_check_not_ready"]
+        assert problem.startswith("mlp: ") and "built no MegaMoE weights on SM90" in problem

@@ -1,0 +1,18 @@
+"""scripts/gpu/megamoe_h200.py stays runnable: its CPU smoke run (no kernel) passes every check it can run here.
+The real run is on an H200 (docs_internal/megamoe.md, section 3); this only keeps the script from rotting."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_gpu_script_smoke_run_on_cpu():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts/gpu/megamoe_h200.py"), "--device", "cpu"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "RESULT: 5 PASS, 0 FAIL, 2 SKIP" in proc.stdout, proc.stdout
+    assert "import sglang" not in (ROOT / "scripts/gpu/megamoe_h200.py").read_text()  # torch only on the GPU box
