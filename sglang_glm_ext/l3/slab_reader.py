@@ -205,7 +205,13 @@ class SlabReader:
         c["span_reads"] += 1
         c["direct_bytes"] += plan.direct_bytes
         c["bounced_bytes"] += plan.payload_bytes - plan.direct_bytes
-        pieces = [iov[j] for j in plan.span_segments] if plan.span_segments is not None else spans.pieces()
+        seg = plan.span_segments
+        if seg is None:
+            pieces = spans.pieces()
+        elif seg[-1] == len(seg) - 1:  # the spans are the plan's first segments (page- and layer-first, aligned)
+            pieces = iov[:len(seg)]
+        else:
+            pieces = [iov[j] for j in seg]
         return bytes(bounce.view[plan.trailer_at:plan.trailer_at + HEADER_SIZE]), pieces
 
     def _run(self, plan: ReadPlan, spans, bounce: AlignedBuffer, offset: int) -> list:
