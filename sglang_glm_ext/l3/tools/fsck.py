@@ -12,6 +12,8 @@ Categories (counted per slab and in total):
 * old_version     a blob of an earlier format (v1: header in front of the payload). This build never serves one;
                   a ``load`` cold start drops the entries of an old-format slab, ``--repair`` drops the entries
                   that name one. Not corruption: the exit code ignores it
+* old_version_slabs  slabs whose sidecar says an earlier format (the previous owner was a v1 build): a
+                  ``load`` cold start keeps none of their entries; not corruption (the exit code ignores it)
 * empty           never-written slots
 * damaged_index   keys found out of sorted order, or values that are not entries, in the deployment's range (a
                   damaged LMDB page). Every entry is still checked (the scan walks past damage); the page itself
@@ -35,7 +37,8 @@ from dataclasses import asdict, dataclass, field
 
 from ..aligned import AlignedBuffer
 from ..config import L3Config, L3ConfigError
-from ..format import BlobCheck, PayloadKind, check_header, parse_header_reason, slot_header_reason, verify_blob_reason
+from ..format import (FORMAT_VERSION, OLD_FORMAT_VERSIONS, BlobCheck, PayloadKind, check_header, parse_header_reason,
+                      slot_header_reason, verify_blob_reason)
 from ..index import IndexEntry, L3Index, deployment_tag, split_key
 from ..slab_dir import read_slab_meta, slab_path
 from ..slab_reader import SlabReader
@@ -54,6 +57,7 @@ class FsckReport:
     orphan_slot: int = 0
     unknown_version: int = 0
     old_version: int = 0
+    old_version_slabs: int = 0
     empty: int = 0
     damaged_index: int = 0
     slabs_scanned: int = 0
@@ -82,7 +86,7 @@ class FsckReport:
         lines = [f"L3 fsck deployment={self.deployment_id} slabs={self.slabs_scanned}",
                  f"  live={self.live} corrupt={self.corrupt} orphan_index={self.orphan_index} "
                  f"orphan_slot={self.orphan_slot} unknown_version={self.unknown_version} "
-                 f"old_version={self.old_version} empty={self.empty} "
+                 f"old_version={self.old_version} old_version_slabs={self.old_version_slabs} empty={self.empty} "
                  f"damaged_index={self.damaged_index}"]
         if self.repair:
             lines.append(f"  repaired (index entries dropped): {self.repaired}")
@@ -191,6 +195,12 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                 if meta is None or not os.path.exists(path):
                     continue
                 rep.slabs_scanned += 1
+                version = meta.get("format_version")
+                if isinstance(version, int) and version in OLD_FORMAT_VERSIONS:
+                    rep.old_version_slabs += 1
+                    _note(rep, f"{path}: format v{version} slab (sidecar); this build serves v{FORMAT_VERSION} and "
+                               f"never reads its blobs: a load cold start drops its entries, its slots are reused",
+                          max_problems)
                 rd = SlabReader(path, int(meta["slot_bytes"]), num_slots=int(meta["num_slots"]), tolerant=True)
                 try:
                     for slot in range(rd.num_slots):  # what the file holds

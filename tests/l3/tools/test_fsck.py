@@ -117,6 +117,25 @@ def test_old_version_blobs_are_reported_not_corruption_and_repair_drops_their_en
     assert rep.repaired == 1 and rep.exit_code == 0
     rep = fsck(cfg)
     assert rep.old_version == 2 and rep.live == 4  # both slots still hold v1 bytes; no entry names them now
+    assert rep.old_version_slabs == 0  # the slab itself is v2 (its sidecar): only those two slots are old
+
+
+def test_a_slab_a_v1_build_left_is_reported_as_an_old_version_slab_not_corruption(tmp_path):
+    """A slab whose sidecar says format v1 (the node has not restarted since the upgrade): fsck names it and what
+    happens to it; its v1 blobs are old_version, never corruption, and the exit code stays clean."""
+    cfg, path, s, slots = setup(tmp_path)
+    slab = s.slab(K).path
+    for i in range(6):
+        poke(slab, slots[i] * SLOT, _v1_header(key(i), s.ns, bytes(PB)))
+        poke(slab, slots[i] * SLOT + SLOT - 4096, bytes(4096))
+    s.close()
+    meta = json.loads(open(slab + ".meta.json").read())
+    open(slab + ".meta.json", "w").write(json.dumps({**meta, "format_version": 1}))
+    rep = fsck(cfg)
+    assert rep.old_version_slabs == 1 and rep.old_version == 6 and rep.live == 0 and rep.corrupt == 0
+    assert rep.exit_code == 0 and "old_version_slabs=1" in rep.render()
+    assert any("format v1 slab" in p and "load cold start drops its entries" in p for p in rep.problems)
+    assert fsck(cfg).as_dict()["old_version_slabs"] == 1
 
 
 def test_cli_subcommands(tmp_path, capsys):
