@@ -29,9 +29,13 @@ written an entry naming its slots, and a touch must not save a stale entry.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 from dataclasses import dataclass
 from typing import Collection, Mapping
+
+import numpy as np
 
 from .errors import L3StoreError
 from .format import FORMAT_VERSION, PayloadKind
@@ -66,12 +70,31 @@ def slab_verdict(st: KindState, meta: "dict | None") -> "str | None":
     return None
 
 
+@contextlib.contextmanager
+def _no_cyclic_gc():
+    """Python's cyclic GC paused while a load builds its per-entry tuples (restored as it was). A load allocates
+    a few tuples per index entry, and the collector's full passes over that growing heap were ~70 % of the load's
+    time (measured: 120k entries, 1.0 s -> 0.3 s). Nothing made here is cyclic: reference counting frees it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def apply(mode: str, index: L3Index, keys: KeySpace, rank: int, disk: int,
           kinds: Mapping[PayloadKind, KindState], prior_meta: Mapping[PayloadKind, "dict | None"],
           deferred: Collection[PayloadKind] = ()) -> ColdStart:
     """``prior_meta``: each open kind's slab sidecar as the previous owner left it (read before this open rewrote
     it). ``deferred``: kinds the config sizes on its own that are not open yet (``load`` leaves their entries for
     :func:`load_kind`, run when the store adds the kind)."""
+    with _no_cyclic_gc():
+        return _apply(mode, index, keys, rank, disk, kinds, prior_meta, deferred)
+
+
+def _apply(mode, index, keys, rank, disk, kinds, prior_meta, deferred) -> ColdStart:
     if mode == "clear":
         index.delete_for(keys.deployment, rank)  # every namespace; by position if the index is damaged
         for st in kinds.values():
@@ -115,6 +138,11 @@ def load_kind(index: L3Index, keys: KeySpace, rank: int, disk: int, st: KindStat
     """``load`` for one kind a store adds after open, before the writer owns its pool: the same rule as
     :func:`apply` (index entries alone, no slab read; a slab it cannot vouch for keeps none), over this rank's
     entries of that kind only (nobody else writes this rank's slab of it)."""
+    with _no_cyclic_gc():
+        return _load_kind(index, keys, rank, disk, st, prior_meta)
+
+
+def _load_kind(index, keys, rank, disk, st, prior_meta) -> ColdStart:
     scan = index.scan(keys.prefix(st.kind))
     items = [item for item in scan.items if item[1].rank == rank]
     stale: list[tuple[bytes, IndexEntry]] = []
@@ -154,6 +182,6 @@ def _keep(st: KindState, items: list, disk: int, stale: list) -> int:
                 best[e.slot] = item
             else:
                 stale.append(item)
-    st.pool.rebuild_from_allocated(list(best))
+    st.pool.rebuild_from_allocated(np.fromiter(best, dtype=np.int64, count=len(best)))
     st.lru.load([(key, e.last_access, slot) for slot, (key, e) in best.items()])
     return len(best)

@@ -368,3 +368,36 @@ def test_slabs_of_a_build_without_deployment_identity_become_misses_and_are_recl
             assert s.reload_into(K, [key(0)], [np.zeros(PB, np.uint8)]) == [False]
         finally:
             s.close()
+
+
+def test_load_pauses_the_cyclic_gc_only_while_it_runs_and_restores_it_as_it_was(tmp_path, monkeypatch):
+    """The load builds a few tuples per entry with the cyclic GC paused (its passes were most of the load's time);
+    the process's GC state is what it was before, whichever it was, even when the load fails."""
+    import gc
+
+    from sglang_glm_ext.l3 import coldstart
+
+    s = opened(tmp_path, "clear")
+    spill(s, range(3))
+    s.close()
+    seen = []
+    real = coldstart._keep
+
+    def spy(*a, **k):
+        seen.append(gc.isenabled())
+        return real(*a, **k)
+
+    monkeypatch.setattr(coldstart, "_keep", spy)
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            gc.enable() if enabled else gc.disable()
+            opened(tmp_path, "load").close()
+            assert gc.isenabled() is enabled and seen[-1] is False
+        gc.enable()
+        monkeypatch.setattr(coldstart, "_keep", lambda *a, **k: 1 / 0)
+        with pytest.raises(Exception):
+            opened(tmp_path, "load")
+        assert gc.isenabled()
+    finally:
+        gc.enable() if was else gc.disable()
