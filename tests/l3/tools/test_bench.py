@@ -51,3 +51,14 @@ def test_ab_driver_runs_the_bench_file_against_both_trees(tmp_path):
     assert (out / "before0.json").exists() and (out / "after0.json").exists()
     table = (out / "ab.txt").read_text()
     assert "reload page-first CPU s/GB" in table and "/ raw read+xxh3 in place (target <= 1.2x)" in table
+
+
+def test_the_engine_and_its_bench_import_without_torch_or_sglang():
+    """scripts/gpu/l3_direct_ab.sh runs the bench on the GPU machine, which has torch but no SGLang (and may run it
+    without either): the engine, the bench and fsck import neither."""
+    code = ("import json, sys\n"
+            "import sglang_glm_ext.l3.store, sglang_glm_ext.l3.tools.bench, sglang_glm_ext.l3.tools.fsck\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'sglang'})))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[-1]) == []
