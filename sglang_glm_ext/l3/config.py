@@ -36,7 +36,14 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - 3.10
     import tomli as _toml  # type: ignore[no-redef]
 
-from .feature import CP_L3_COLD_START
+from ..declare import EnvVar
+
+# Declared where it is read: one launch's override reaches every rank's engine through L3Config.load
+# (l3/feature.py lists it among the feature's env vars).
+CP_L3_COLD_START = EnvVar(
+    "SGLANG_CP_L3_COLD_START", "",
+    "Overrides the L3 config's cold_start ('clear' or 'load') for this launch.",
+)
 
 __all__ = [
     "L3ConfigError",
