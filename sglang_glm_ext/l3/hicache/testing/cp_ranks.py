@@ -252,10 +252,11 @@ def main(argv: list[str]) -> int:
     try:
         import torch.distributed as dist
 
-        from . import cpu_standins
-        import sglang_glm_ext
+        from sglang.srt.plugins import load_plugins
 
-        sglang_glm_ext.register()
+        from . import cpu_standins
+
+        load_plugins()  # SGLang's own entry-point loading: the plugin's register() applies its patches
         cpu_standins.install()
         dist.init_process_group("gloo", init_method=f"file://{plan['init_file']}", rank=rank,
                                 world_size=plan["world"])
