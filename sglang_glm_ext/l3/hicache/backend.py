@@ -1,4 +1,4 @@
-"""``L3HiCacheStorage``: SGLang's HiCache storage tier backed by the L3 engine, one rank. SGLang-facing.
+"""``L3HiCacheStorage``: SGLang's HiCache storage tier backed by the L3 engine, one per rank. SGLang-facing.
 
 SGLang builds it through ``--hicache-storage-backend dynamic`` (the plugin's flag hook writes the extra config,
 ``attach.extra_config``) as ``L3HiCacheStorage(storage_config, {})``. The constructor sees no host pool; SGLang
@@ -22,6 +22,11 @@ Call map (run, no decisions left):
   same whether SGLang registered the pool before or after the store opened.
 * Generic ``get`` / ``set`` / ``batch_*``: SGLang's flat page (``get_data_page``) has the same byte order as the v1
   payload for every served layout (tested), so both paths read each other's pages.
+
+Under context parallelism (``docs_internal/l3_cp.md``) replicated (MLA/DSA) pages have a CP-rank-free namespace, so
+every rank finds what any rank wrote; with the plugin's ``l3.cp_storage_writers`` patch SGLang hands every page to
+every replica, and the backend writes only the pages it owns (``owners.WriterPlan``: one content owner per page among
+its node's replicas), acknowledging the others as the owner's. The L3 rank is the process's position on its node.
 
 The data path never raises into the scheduler: an I/O error, a corrupt page, a full pool, bad indices are a miss
 or a dropped write, counted in :meth:`l3_stats`. :meth:`get_stats` hands SGLang its ``StorageMetrics`` by swapping
