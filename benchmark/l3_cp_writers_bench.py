@@ -20,6 +20,7 @@ On one shared virtual disk (the dev VM) the ratio measures what spreading costs 
 a node with one NVMe drive per CP rank the spread write bandwidth is bounded by N drives instead of one.
 
 Run: PYTHONPATH=. TORCH_EXTENSIONS_DIR=.torch_extensions python benchmark/l3_cp_writers_bench.py --ranks 4
+(a node with one drive per rank: ``--disk-dirs /nvme0,/nvme1,/nvme2,/nvme3``; needs SGLang installed, CPU stand-ins).
 """
 
 from __future__ import annotations
@@ -39,13 +40,15 @@ BATCH = 128
 MODES = ("spread", "one_per_node")
 
 
-def _config(base: str, mode: str, ranks: int, budget: int) -> str:
+def _config(base: str, mode: str, ranks: int, budget: int, disk_dirs: list[str]) -> str:
     from sglang_glm_ext.l3.config import example_config
 
     d = os.path.join(base, mode)
     os.makedirs(d, exist_ok=True)
     text = example_config(d).replace('mode = "spread"', f'mode = "{mode}"')
-    disks = "".join(f'[[disks]]\npath = "{d}/disk{i}"\nbudget = {budget}\n\n' for i in range(ranks))
+    roots = [os.path.join(disk_dirs[i % len(disk_dirs)], os.path.basename(base), mode) if disk_dirs else d
+             for i in range(ranks)]
+    disks = "".join(f'[[disks]]\npath = "{roots[i]}/disk{i}"\nbudget = {budget}\n\n' for i in range(ranks))
     head, _, rest = text.partition("[[disks]]")
     rest = rest.split("[ranks]", 1)[1]
     text = (head + disks + "[ranks]" + rest).replace("count = 1", f"count = {ranks}").replace(
@@ -124,6 +127,9 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=78)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--dir", help="where the slabs go (default: a temp dir on /var/tmp; removed afterwards)")
+    ap.add_argument("--disk-dirs", default="",
+                    help="comma-separated mount points, one per drive: rank i's disk goes on drive i %% len (a node "
+                         "with one NVMe per CP rank); default: every rank's disk under --dir")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--init", help=argparse.SUPPRESS)
@@ -138,7 +144,8 @@ def main(argv=None) -> int:
         # each rank's disk holds one round of every page (the one-writer case) plus GC headroom; page ~3.9 MB
         approx_page = 64 * args.layers * (656 + 164)
         budget = int(args.pages * approx_page * 1.4) + (16 << 20)
-        configs = {m: _config(base, m, args.ranks, budget) for m in MODES}
+        disk_dirs = [x for x in args.disk_dirs.split(",") if x]
+        configs = {m: _config(base, m, args.ranks, budget, disk_dirs) for m in MODES}
         result = os.path.join(base, "result.json")
         init = os.path.join(base, "gloo-init")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--ranks", str(args.ranks), "--pages",
@@ -161,6 +168,8 @@ def main(argv=None) -> int:
             res = json.load(f)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+        for x in [x for x in args.disk_dirs.split(",") if x]:
+            shutil.rmtree(os.path.join(x, os.path.basename(base)), ignore_errors=True)
 
     nbytes = res["pages"] * res["page_bytes"]
     print(f"{args.ranks} CP ranks, one disk dir each; {res['pages']} pages x {res['page_bytes']:,} B "

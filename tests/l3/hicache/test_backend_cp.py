@@ -68,7 +68,7 @@ def test_every_cp_rank_hits_every_page_and_each_page_is_written_once(tmp_path, s
         assert [b.cp_rank for b in bes] == list(range(size)) and {b.cp_size for b in bes} == {size}
         assert [b.rank for b in bes] == list(range(size))
         assert len({b.namespace.sealed_digest() for b in bes}) == 1  # CP-rank-free namespace
-        keys = _keys(8 * 6)[:8]
+        keys = _keys(8)
         idx = torch.arange(0, 8 * PS, dtype=torch.int64)
         _write_all(bes, hps, keys, idx)
         written = [b.l3_stats()["backend"]["set_pages"] for b in bes]
@@ -83,9 +83,9 @@ def test_every_cp_rank_hits_every_page_and_each_page_is_written_once(tmp_path, s
             assert be.batch_get_v1(keys, idx) == [True] * len(keys)
             assert be.batch_get_v2(transfers(hp, keys, idx))["indexer"] == [True] * len(keys)
             assert {n: [hp.page_bytes(n, p) for p in range(8)] for n in hp.pools} == want, r
-        # every page was read by a rank that did not write it: through the owner's slab
+        # the pages live in every rank's slabs, so each rank read some through another rank's slab
         located = {bes[0].store.locate(bes[0].kinds["kv"], k)[0] for k in map(bytes.fromhex, keys)}
-        assert located == set(range(size)) or len(keys) < 2 * size
+        assert located == set(range(size))
     finally:
         for b in bes:
             b.close()
