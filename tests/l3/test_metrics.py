@@ -154,3 +154,11 @@ def test_no_prometheus_import_at_module_import():
 @pytest.mark.parametrize("stats", [{}, {"slots": None}, {"slots": {"target_kv": {}}}])
 def test_missing_keys_are_no_samples_not_errors(stats):
     assert metrics.store_samples(stats) == []
+
+
+def test_the_metrics_doc_lists_every_metric_with_its_type():
+    import pathlib
+
+    doc = (pathlib.Path(__file__).parents[2] / "docs_internal" / "l3_metrics.md").read_text()
+    for m in metrics.METRICS:
+        assert f"| `{m.name}`{' (fork)' if m.fork else ''} | {m.type} |" in doc, m.name
