@@ -476,7 +476,10 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - any import failure: the engine-only run, said so
             print(f"SGLang not importable ({type(e).__name__}: {e}): running engine vs raw O_DIRECT only")
             mode = True
-    res = run_engine_only(args) if mode else run_controller(args)
+    try:
+        res = run_engine_only(args) if mode else run_controller(args)
+    finally:
+        shutil.rmtree(args.dir, ignore_errors=True)  # also after a failure before a side's own clean-up
     print(render(res))
     if args.json:
         with open(args.json, "w") as f:
