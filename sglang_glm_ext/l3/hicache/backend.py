@@ -56,6 +56,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 from ..config import L3Config, L3ConfigError
 from ..errors import L3StoreError
 from ..format import PayloadKind
+from . import metrics as hicache_metrics
 from .attach import ALL_REPLICAS_WRITE_ATTR, AttachError, parse_extra_config
 from .keys import NamespaceSpec, ShardIdentity, pool_keys, pool_tag, storage_key, storage_keys
 from .layouts import Buffer, LayoutRefused, PoolGeometry, PoolPlan, plan_pool
@@ -260,6 +261,7 @@ class L3HiCacheStorage(HiCacheStorage):
         self.c = _Counters()
         self._mlock = threading.Lock()
         self._m = self._new_samples()
+        self._metrics = None  # the L3 metrics registration (hicache/metrics.py), when --enable-metrics
 
     # ------------------------------------------------------------------ registration (control path)
     def register_mem_pool_host(self, mem_pool_host) -> None:
@@ -353,6 +355,7 @@ class L3HiCacheStorage(HiCacheStorage):
         self._kv = plans[PoolName.KV.value]
         self._kv_kind = kinds[PoolName.KV.value]
         self._ready = True
+        self._metrics = hicache_metrics.attach(self)
         st = store.stats()
         logger.info("sglang-glm-ext L3 backend attached: rank %d (cp %d/%d, writes %s of %d writer(s)), pools %s, "
                     "namespace %s, cold_start=%s (%d pages loaded), %d attach(es) share the store", rank,
@@ -670,6 +673,8 @@ class L3HiCacheStorage(HiCacheStorage):
             return
         self._closed = True
         self._ready = False
+        hicache_metrics.detach(self._metrics)  # its final push reads the store: before the handle closes
+        self._metrics = None
         store, self._store = self._store, None
         if store is not None:
             try:

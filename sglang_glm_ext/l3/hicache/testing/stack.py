@@ -38,6 +38,7 @@ class StackSpec:
     # after the storage attach the way kv_cache_builder.maybe_register_hicache_draft does at startup
     tree_core_backend: str = "python"
     device: str = "cpu"  # "cuda" on a GPU node with SGLang: real kernels and pinned host pools, no stand-ins
+    metrics: bool = False  # SGLang's --enable-metrics as the scheduler hands it on (CacheInitParams.enable_metrics)
 
 
 def publish_server_args(spec: StackSpec, *, storage_backend: str | None, extra_config: str | None,
@@ -131,7 +132,8 @@ class DsaStack:
         params = CacheInitParams(
             disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator,
             page_size=spec.page_size, tree_components=(ComponentType.FULL,),
-            tree_core_backend=spec.tree_core_backend, mtp_draft_device_pools=drafts, **(groups or {}),
+            tree_core_backend=spec.tree_core_backend, mtp_draft_device_pools=drafts, enable_metrics=spec.metrics,
+            **(groups or {}),
         )
         cache = UnifiedRadixCache(params)
         cache.init_hicache(server_args, params)
