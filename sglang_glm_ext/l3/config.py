@@ -7,6 +7,10 @@ would later misread. Environment overrides are applied here too, once (``SGLANG_
 
 Budget split (the documented rule):
 
+Writers (``[writers] mode``): a replicated (MLA/DSA) page under context or attention-TP parallelism is written by one
+owner among the node's replicas, ``"spread"`` (default: a content hash picks it, see ``hicache/owners.py``) or
+``"one_per_node"`` (the node's first replica writes every page; the others still reserve their budget).
+
 1. A disk's ``budget`` is divided equally among the ranks mapped to it (``ranks_on_disk``), rounded down.
 2. A rank's share is divided among the payload kinds:
 
@@ -36,7 +40,14 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - 3.10
     import tomli as _toml  # type: ignore[no-redef]
 
-from .feature import CP_L3_COLD_START
+from ..declare import EnvVar
+
+# Declared where it is read: one launch's override reaches every rank's engine through L3Config.load
+# (l3/feature.py lists it among the feature's env vars).
+CP_L3_COLD_START = EnvVar(
+    "SGLANG_CP_L3_COLD_START", "",
+    "Overrides the L3 config's cold_start ('clear' or 'load') for this launch.",
+)
 
 __all__ = [
     "L3ConfigError",
@@ -50,6 +61,9 @@ __all__ = [
 ]
 
 COLD_START_MODES = ("clear", "load")
+# Who writes a replicated (MLA/DSA) page under CP / attention TP (hicache/owners.py): one owner per page among
+# the node's replicas ("spread", write bandwidth grows with the node's disks) or the node's first replica.
+WRITER_MODES = ("spread", "one_per_node")
 PLP_MODES = ("auto", "assume_safe", "assume_unsafe")
 DIRECT_MODES = ("auto", "on", "off")
 _KIND_NAMES = ("target_kv", "draft_kv", "index_k", "draft_index_k")
@@ -148,6 +162,7 @@ class L3Config:
     io_threads: int = 4
     reload_threads: int = 4
     payload_weights: Mapping[str, float] | None = None  # None = equal_slots
+    writer_mode: str = "spread"  # replicated (MLA/DSA) pages under CP/TP: "spread" over the node's replicas | "one_per_node"
     source: str = field(default="<dict>", compare=False)
 
     # ------------------------------------------------------------------ loading
@@ -179,7 +194,7 @@ class L3Config:
         if not isinstance(data, Mapping):
             raise L3ConfigError("<root>: expected a table/object")
         known = {"deployment_id", "cold_start", "require_plp", "plp", "direct_io", "disks", "ranks", "index", "gc",
-                 "queues", "payload_split", "payload_weights"}
+                 "queues", "payload_split", "payload_weights", "writers"}
         for k in data:
             if k not in known:
                 raise L3ConfigError(f"{k}: unknown key (known: {', '.join(sorted(known))})")
@@ -293,6 +308,14 @@ class L3Config:
         io_threads = _pos_int(q.get("io_threads", 4), "queues.io_threads")
         reload_threads = _pos_int(q.get("reload_threads", 4), "queues.reload_threads")
 
+        writers = _get(data, "writers", "writers", Mapping, {})
+        for k in writers:
+            if k != "mode":
+                raise L3ConfigError(f"writers.{k}: unknown key (known: mode)")
+        writer_mode = _get(writers, "mode", "writers.mode", str, "spread")
+        if writer_mode not in WRITER_MODES:
+            raise L3ConfigError(f"writers.mode: unknown mode {writer_mode!r} (expected one of {WRITER_MODES})")
+
         split = _get(data, "payload_split", "payload_split", str, "equal_slots")
         weights_raw = data.get("payload_weights")
         if split == "equal_slots":
@@ -317,7 +340,7 @@ class L3Config:
             rank_to_disk=r2d, deployment_id=dep, cold_start=cold, require_plp=require_plp, plp=plp,
             direct_io=direct, gc_start=gc_start, gc_stop=gc_stop, gc_budget_per_round=gc_budget,
             staging_bytes=staging, max_inflight=max_inflight, write_batch_pages=batch, io_threads=io_threads,
-            reload_threads=reload_threads, payload_weights=weights, source=source,
+            reload_threads=reload_threads, payload_weights=weights, writer_mode=writer_mode, source=source,
         )
 
     # ------------------------------------------------------------------ derived values
@@ -396,6 +419,10 @@ budget = "1GiB"
 [ranks]
 count = 1
 mapping = "balanced"        # rank % number of disks, or an explicit list of disk indices
+
+[writers]
+mode = "spread"             # MLA/DSA pages under CP / attention TP: one owner per page among the node's ranks
+                            # (each writes its own mapped disk) | "one_per_node" (the node's first rank writes)
 
 [index]
 path = "{d}/index"

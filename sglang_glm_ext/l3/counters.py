@@ -14,6 +14,7 @@ __all__ = ["Counters"]
 @dataclass
 class Counters:
     spilled: int = 0          # pages made durable by this store
+    spilled_bytes: int = 0    # their payload bytes (page_bytes of their kind)
     spill_accepted: int = 0   # spill() calls that returned True for a page
     dedup: int = 0            # pages accepted without a write (already durable / staged / won by another rank)
     dropped_staging: int = 0  # staging bytes cap or max_inflight reached
@@ -23,6 +24,7 @@ class Counters:
     index_full: int = 0
     reload_hits: int = 0
     reload_from_staging: int = 0  # of reload_hits: served from a staged page's buffer (not durable yet)
+    reload_bytes: int = 0     # payload bytes of reload_hits
     reload_misses: int = 0
     reload_bad_dst: int = 0   # destinations that cannot take the page in place (too small, strided, read-only)
     verify_failures: int = 0

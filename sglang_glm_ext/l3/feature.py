@@ -5,13 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from ..declare import EnvVar, Feature, Flag, PluginFlagError
-
-# Read where the config is loaded (config.py), so one launch's override reaches every rank's engine.
-CP_L3_COLD_START = EnvVar(
-    "SGLANG_CP_L3_COLD_START", "",
-    "Overrides the L3 config's cold_start ('clear' or 'load') for this launch.",
-)
+from ..declare import Feature, Flag, PluginFlagError
+from .config import CP_L3_COLD_START, L3Config
 
 ENABLE_CP_L3 = Flag("enable_cp_l3", "Enable the durable L3 disk tier for HiCache (needs --cp-l3-config).",
                     "bool", False, switch=True)
@@ -34,10 +29,6 @@ def _check_config(path: str | None) -> None:
         raise PluginFlagError("--enable-cp-l3 needs --cp-l3-config PATH (write one: sglang-glm-ext l3 example-config)")
     if not os.path.isfile(path):
         raise PluginFlagError(f"--cp-l3-config {path!r}: no such file")
-    try:
-        from .config import L3Config
-    except ImportError as exc:  # pragma: no cover - packaging bug
-        raise PluginFlagError(f"--enable-cp-l3: L3 engine not importable: {exc}") from exc
     try:
         L3Config.load(path)
     except Exception as exc:

@@ -59,6 +59,24 @@ PATCHES: tuple[Patch, ...] = (
         signature=("self", "model_name", "storage_backend_extra_config"),
         source_sha="0c07af4c9973c70a",
     ),
+    Patch(
+        id="l3.cp_storage_writers",
+        target="sglang.srt.managers.cache_controller.HiCacheController._generate_storage_config",
+        hook_type="after",
+        hook="sglang_glm_ext.l3.hicache.hooks:hook_cp_writers",
+        feature=FEATURE,
+        tier=Tier.FEATURE,
+        reason="Stock 0.5.23 lets one rank write replicated MLA/DSA pages (HiCacheStorageConfig.is_storage_writer: "
+        "tp_rank == dcp_rank, read by HiCacheController.backup_skip and the hybrid controller's backup), so under "
+        "attention CP one thread on one disk writes for the whole group and a second node's ranks write nothing. "
+        "For the plugin's backend only, every replica becomes a writer to SGLang and the backend keeps one owner "
+        "per page among its node's replicas (hicache/owners.py), each writing its own mapped disk.",
+        seed_lines="128-151, 181-222, 367-392, 426-457, 522-560 (CP owner lanes: each page written by one owner)",
+        sglang_versions=("0.5.23",),
+        remove_when="SGLang lets a storage backend choose its writers (or spreads replicated writes itself).",
+        signature=("self", "model_name", "storage_backend_extra_config"),
+        source_sha="0c07af4c9973c70a",
+    ),
     # Demo/test-only (Tier.DEMO): never applied by register(); installed only by `sglang-glm-ext demo` and the
     # CPU tests through sglang_glm_ext.l3.hicache.testing.cpu_standins.install(), which refuses where a GPU is
     # visible or an SGLang server was launched in the process (and the resolve hook above refuses a launch in a

@@ -134,6 +134,8 @@ class SharedStore:
         self.disk = config.disk_for_rank(rank)
         self.cold_start = mode
         self.c = Counters()
+        self.reload_inflight = 0
+        self._reload_lock = threading.Lock()
         self._closed = False
         self._warned: set[str] = set()
         self._keys = KeySpace(self.dep, self.ns)
@@ -405,6 +407,22 @@ class SharedStore:
         return self._reload(kind, keys, None, layout, page_indices)
 
     def _reload(self, kind, keys, dsts, layout, page_indices) -> list[bool]:
+        # Pages inside a reload call right now (stats "reload_inflight"), under a lock: a lost += of a bare int
+        # under a thread race would leave this gauge off for good (the counters tolerate a lost add; it does not).
+        try:
+            keys = list(keys)
+        except TypeError:
+            pass  # the call below turns it into a counted failure
+        n = len(keys) if isinstance(keys, list) else 0
+        with self._reload_lock:
+            self.reload_inflight += n
+        try:
+            return self._reload_pages(kind, keys, dsts, layout, page_indices)
+        finally:
+            with self._reload_lock:
+                self.reload_inflight -= n
+
+    def _reload_pages(self, kind, keys, dsts, layout, page_indices) -> list[bool]:
         out: list[bool] = []
         try:
             keys = list(keys)
@@ -470,6 +488,7 @@ class SharedStore:
             hits = sum(out)
             self.c.reload_hits += hits
             self.c.reload_misses += n - hits
+            self.c.reload_bytes += hits * st.page_bytes
             self._writer.note_reloads(kind, touched, bad)
         except Exception:
             log.exception("L3 reload failed; pages are misses")
@@ -573,6 +592,8 @@ class SharedStore:
             "io_mode": {k.label: getattr(st.slab, "io_mode", None) for k, st in kinds},
             "slots": {k.label: {"used": st.pool.used, "total": st.pool.total} for k, st in kinds},
             "inflight": inflight,
+            "max_inflight": self.config.max_inflight,
+            "reload_inflight": self.reload_inflight,
             "write_queue_depth": qdepth,
             **self._writer.stats(),
             "staging_bytes": self._staging.in_use,

@@ -249,6 +249,7 @@ class Writer:
                 st = r.state
                 if r.outcome is WriteOutcome.OK:
                     self.c.spilled += 1
+                    self.c.spilled_bytes += st.page_bytes
                     st.lru.record(r.page.key, r.last_access, r.slot)
                 elif r.outcome is WriteOutcome.WRITE_ERROR:
                     self._write_failed(st, r.slot, r.failure)

@@ -89,10 +89,18 @@ def test_bad_mapping_is_loud_with_key_path(tmp_path, ranks, needle):
     ({"index": {"path": "/i", "map_size": 1000}}, "index.map_size"),
     ({"payload_split": "weights"}, "payload_weights"),
     ({"payload_split": "weights", "payload_weights": {"nope": 1}}, "payload_weights.nope"),
+    ({"writers": {"mode": "everyone"}}, "writers.mode: unknown mode"),
+    ({"writers": {"count": 2}}, "writers.count: unknown key"),
+    ({"writers": "spread"}, "writers: expected"),
 ])
 def test_every_bad_value_names_its_key(tmp_path, over, needle):
     with pytest.raises(L3ConfigError, match=needle):
         L3Config.from_dict(_base(tmp_path, **over))
+
+
+def test_writers_mode_defaults_to_spread_and_reads_one_per_node(tmp_path):
+    assert L3Config.from_dict(_base(tmp_path)).writer_mode == "spread"
+    assert L3Config.from_dict(_base(tmp_path, writers={"mode": "one_per_node"})).writer_mode == "one_per_node"
 
 
 # Issue 7, item 2: a deployment id names a directory, so it must be a plain name, never a path.

@@ -13,14 +13,16 @@ import json
 import os
 from typing import Any
 
-__all__ = ["BACKEND_NAME", "MODULE_PATH", "CLASS_NAME", "SGLANG_CONTROLLER_KEYS", "extra_config",
-           "parse_extra_config", "config_digest", "AttachError", "dump_json"]
+__all__ = ["BACKEND_NAME", "MODULE_PATH", "CLASS_NAME", "SGLANG_CONTROLLER_KEYS", "ALL_REPLICAS_WRITE_ATTR",
+           "extra_config", "parse_extra_config", "config_digest", "AttachError", "dump_json"]
 
 BACKEND_NAME = "sglang_glm_ext.l3"
 MODULE_PATH = "sglang_glm_ext.l3.hicache.backend"
 CLASS_NAME = "L3HiCacheStorage"
 # Keys SGLang's controller pops from the extra config itself (hybrid_cache_controller.py
 # parse_storage_backend_extra_config, cache_controller.py _generate_storage_config); a user may pass them.
+# Set (True) on a storage config the l3.cp_storage_writers patch rewrote: SGLang calls batch_set on every replica.
+ALL_REPLICAS_WRITE_ATTR = "l3_all_replicas_write"
 SGLANG_CONTROLLER_KEYS = ("prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
                           "hicache_storage_pass_prefix_keys")
 

@@ -1,4 +1,4 @@
-"""``L3HiCacheStorage``: SGLang's HiCache storage tier backed by the L3 engine, one rank. SGLang-facing.
+"""``L3HiCacheStorage``: SGLang's HiCache storage tier backed by the L3 engine, one per rank. SGLang-facing.
 
 SGLang builds it through ``--hicache-storage-backend dynamic`` (the plugin's flag hook writes the extra config,
 ``attach.extra_config``) as ``L3HiCacheStorage(storage_config, {})``. The constructor sees no host pool; SGLang
@@ -22,6 +22,11 @@ Call map (run, no decisions left):
   same whether SGLang registered the pool before or after the store opened.
 * Generic ``get`` / ``set`` / ``batch_*``: SGLang's flat page (``get_data_page``) has the same byte order as the v1
   payload for every served layout (tested), so both paths read each other's pages.
+
+Under context parallelism (``docs_internal/l3_cp.md``) replicated (MLA/DSA) pages have a CP-rank-free namespace, so
+every rank finds what any rank wrote; with the plugin's ``l3.cp_storage_writers`` patch SGLang hands every page to
+every replica, and the backend writes only the pages it owns (``owners.WriterPlan``: one content owner per page among
+its node's replicas), acknowledging the others as the owner's. The L3 rank is the process's position on its node.
 
 The data path never raises into the scheduler: an I/O error, a corrupt page, a full pool, bad indices are a miss
 or a dropped write, counted in :meth:`l3_stats`. :meth:`get_stats` hands SGLang its ``StorageMetrics`` by swapping
@@ -51,9 +56,11 @@ from sglang.srt.mem_cache.hicache_storage import (
 from ..config import L3Config, L3ConfigError
 from ..errors import L3StoreError
 from ..format import PayloadKind
-from .attach import AttachError, parse_extra_config
+from . import metrics as hicache_metrics
+from .attach import ALL_REPLICAS_WRITE_ATTR, AttachError, parse_extra_config
 from .keys import NamespaceSpec, ShardIdentity, pool_keys, pool_tag, storage_key, storage_keys
 from .layouts import Buffer, LayoutRefused, PoolGeometry, PoolPlan, plan_pool
+from .owners import Topology, TopologyError, WriterPlan
 
 logger = logging.getLogger("sglang_glm_ext")
 
@@ -71,7 +78,7 @@ _SAMPLES = 1024  # per get_stats() interval; older samples of a long interval ar
 
 
 class _Counters:
-    __slots__ = ("set_pages", "set_dropped", "get_pages", "get_hits", "get_misses", "exists_calls",
+    __slots__ = ("set_pages", "set_dropped", "set_not_owned", "get_pages", "get_hits", "get_misses", "exists_calls",
                  "bad_indices", "unknown_pool", "errors", "not_ready")
 
     def __init__(self):
@@ -180,16 +187,39 @@ def _kv_dtype(storage_config: HiCacheStorageConfig, pools: dict) -> str:
                       "two deployments differing only in KV dtype would share pages, so L3 refuses to attach")
 
 
-def _l3_rank(storage_config: HiCacheStorageConfig) -> tuple[int, str]:
-    """This process's L3 rank: pp_rank * tp_size + tp_rank over the whole TP group."""
+def _topology(storage_config: HiCacheStorageConfig) -> Topology:
+    """This process's place in SGLang's parallel layout: the published topology (global TP rank, CP, attention DP,
+    nodes), else the storage config's view (unit tests, nothing published)."""
     try:
         from sglang.srt.runtime_context import get_parallel
 
         par = get_parallel()
-        tp_rank, tp_size, pp_rank = int(par.tp_rank), int(par.tp_size), int(par.pp_rank)
+        return Topology(tp_rank=int(par.tp_rank), tp_size=int(par.tp_size), pp_rank=int(par.pp_rank),
+                        pp_size=int(par.pp_size), attn_cp_size=int(par.attn_cp_size),
+                        attn_dp_size=int(getattr(par, "attn_dp_size", 1) or 1), nnodes=int(par.nnodes))
+    except TopologyError:
+        raise
     except Exception:  # noqa: BLE001 - unpublished topology: the storage config's view
-        tp_rank, tp_size, pp_rank = storage_config.tp_rank, storage_config.tp_size, storage_config.pp_rank
-    return pp_rank * tp_size + tp_rank, f"pp_rank {pp_rank} x tp_size {tp_size} + tp_rank {tp_rank}"
+        sc = storage_config
+        return Topology(tp_rank=sc.tp_rank, tp_size=sc.tp_size, pp_rank=sc.pp_rank, pp_size=sc.pp_size,
+                        attn_cp_size=sc.attn_cp_size)
+
+
+def _writer_plan(storage_config: HiCacheStorageConfig, topo: Topology, mode: str) -> WriterPlan:
+    """Which pages this rank writes. Replicated pages with the writer patch in place: one owner per page among the
+    node's replicas. Anything else: every page SGLang hands this rank (SGLang chose the writers)."""
+    me_alone = WriterPlan(mode, (topo.tp_rank,), 0)
+    if not storage_config.is_mla_model:
+        return me_alone  # MHA: every TP rank writes its own shard (the namespace names it)
+    if getattr(storage_config, ALL_REPLICAS_WRITE_ATTR, False):
+        return WriterPlan.build(topo, mode)
+    if len(topo.replicas_on_node()) != len(topo.replicas()):
+        raise AttachError(
+            f"the replicas of this rank's MLA/DSA pages span nodes ({len(topo.replicas())} replicas, "
+            f"{len(topo.replicas_on_node())} on this node) but the plugin's l3.cp_storage_writers patch is not in "
+            "place, so SGLang lets one rank write and the other nodes' L3 would stay empty (see `sglang-glm-ext "
+            "doctor`)")
+    return me_alone
 
 
 def _host_memory_mode() -> str:
@@ -218,7 +248,12 @@ class L3HiCacheStorage(HiCacheStorage):
         self.kinds: dict[str, PayloadKind] = {}
         self._tags: dict[str, bytes | None] = {}  # sidecar pools: the format tag their keys are bound to
         self.namespace: NamespaceSpec | None = None
-        self.rank: int | None = None
+        self.rank: int | None = None  # the L3 rank: this process's position on its node (slab dir, disk, owner lock)
+        # CP identity as SGLang derives it from the attention-CP group (what its storage metrics are labelled with)
+        self.cp_rank: int = int(getattr(storage_config, "attn_cp_rank", 0) or 0)
+        self.cp_size: int = int(getattr(storage_config, "attn_cp_size", 1) or 1)
+        self.topology: Topology | None = None
+        self.writers: WriterPlan | None = None  # which pages this rank writes (set at attach)
         self._store = None  # an L3Store handle (this attach's reference on the process's shared store)
         self._kv: PoolPlan | None = None
         self._ready = False
@@ -226,6 +261,7 @@ class L3HiCacheStorage(HiCacheStorage):
         self.c = _Counters()
         self._mlock = threading.Lock()
         self._m = self._new_samples()
+        self._metrics = None  # the L3 metrics registration (hicache/metrics.py), when --enable-metrics
 
     # ------------------------------------------------------------------ registration (control path)
     def register_mem_pool_host(self, mem_pool_host) -> None:
@@ -269,9 +305,6 @@ class L3HiCacheStorage(HiCacheStorage):
         if mode != "cache":
             raise AttachError(f"--hicache-host-memory-mode {mode} is not served (host memory must be the L2 "
                               "cache tier; buffer_only is not supported by the L3 backend yet)")
-        if sc.attn_cp_size > 1:
-            raise AttachError(f"attention context parallelism (attn_cp_size={sc.attn_cp_size}) is not served by "
-                              "this build: L3 under CP (every CP rank hitting what any rank wrote) is the next step")
         if sc.dcp_size > 1:
             raise AttachError(f"decode context parallelism (dcp_size={sc.dcp_size}) is not served")
         if PoolName.KV.value not in self.pools:
@@ -298,10 +331,16 @@ class L3HiCacheStorage(HiCacheStorage):
             pools=tuple(plans[n].fmt for n in sorted(plans) if n not in SIDECAR_POOLS),
             shard=shard,
         )
-        rank, how = _l3_rank(sc)
+        try:
+            topo = _topology(sc)
+        except TopologyError as exc:
+            raise AttachError(f"cannot place this rank on a node: {exc}") from exc
+        rank = topo.local_rank
         if not 0 <= rank < self.config.num_ranks:
-            raise AttachError(f"this process is L3 rank {rank} ({how}) but {self.config.source} has "
-                              f"ranks.count = {self.config.num_ranks}; cover every TP x PP rank")
+            raise AttachError(f"this process is L3 rank {rank} of its node (tp_rank {topo.tp_rank}, pp_rank "
+                              f"{topo.pp_rank}, {topo.ranks_per_node} ranks per node) but {self.config.source} has "
+                              f"ranks.count = {self.config.num_ranks}; ranks.count counts one node's ranks")
+        writers = _writer_plan(sc, topo, self.config.writer_mode)
         kinds = {name: POOL_KINDS[name] for name in plans}
         if any(n in SIDECAR_POOLS for n in plans) and not self.config.addable_kinds:
             raise AttachError(self._sidecar_needs_weights())
@@ -311,13 +350,16 @@ class L3HiCacheStorage(HiCacheStorage):
         store = L3Store.open(self.config, rank=rank, namespace=ns.to_namespace(), page_bytes=page_bytes)
         self._tags = {n: pool_tag(plans[n].fmt) if n in SIDECAR_POOLS else None for n in plans}
         self.kinds, self.namespace, self.rank, self._store = kinds, ns, rank, store
+        self.topology, self.writers = topo, writers
         self.plans = plans
         self._kv = plans[PoolName.KV.value]
         self._kv_kind = kinds[PoolName.KV.value]
         self._ready = True
+        self._metrics = hicache_metrics.attach(self)
         st = store.stats()
-        logger.info("sglang-glm-ext L3 backend attached: rank %d, pools %s, namespace %s, cold_start=%s (%d pages "
-                    "loaded), %d attach(es) share the store", rank,
+        logger.info("sglang-glm-ext L3 backend attached: rank %d (cp %d/%d, writes %s of %d writer(s)), pools %s, "
+                    "namespace %s, cold_start=%s (%d pages loaded), %d attach(es) share the store", rank,
+                    self.cp_rank, self.cp_size, "its share" if writers.me >= 0 else "nothing", len(writers.writers),
                     {n: f"{p.fmt.layout}/{p.page_bytes}B" for n, p in plans.items()}, ns.sealed_digest().hex(),
                     st["cold_start"], st["cold_start_loaded_pages"], store.shared.refs)
 
@@ -372,7 +414,14 @@ class L3HiCacheStorage(HiCacheStorage):
             if seconds > 0:
                 m[f"{op}_bandwidth"].append(nbytes / seconds / 1e9)
 
+    def _owned(self, raw_keys: list) -> list | None:
+        """None: this rank writes every page; else one bool per page (its own vs another replica's)."""
+        w = self.writers
+        return None if w is None or w.writes_everything else w.owned(raw_keys)
+
     def _spill(self, kind, plan: PoolPlan, keys, host_indices, tag=None) -> List[bool]:
+        """Pages another replica owns are acknowledged (True) without a write: the owner writes the same bytes, and
+        if it fails they are a miss for every rank (never a hang, never other bytes)."""
         n = len(keys)
         if not n:
             return []
@@ -385,14 +434,28 @@ class L3HiCacheStorage(HiCacheStorage):
                 self.c.bad_indices += n
                 self.c.set_dropped += n
                 return [False] * n
-            skeys = pool_keys(storage_keys(keys), tag)
+            raw = storage_keys(keys)
+            own = self._owned(raw)
+            out = [True] * n
+            if own is not None:
+                mine = [i for i in range(n) if own[i]]
+                self.c.set_not_owned += n - len(mine)
+                if not mine:
+                    return out
+                raw = [raw[i] for i in mine]
+                pages = [pages[i] for i in mine]
+            else:
+                mine = range(n)
+            skeys = pool_keys(raw, tag)
             t0 = time.perf_counter()
             ok = self._store.spill_from_layout(kind, skeys, plan.layout, pages)
             accepted = sum(ok)
             self.c.set_pages += accepted
-            self.c.set_dropped += n - accepted
+            self.c.set_dropped += len(ok) - accepted
             self._sample("backup", accepted, accepted * plan.page_bytes, time.perf_counter() - t0)
-            return ok
+            for i, hit in zip(mine, ok):
+                out[i] = bool(hit)
+            return out
         except Exception:  # noqa: BLE001 - never into the scheduler
             logger.exception("sglang-glm-ext L3: write of %d pages dropped", n)
             self.c.errors += 1
@@ -575,9 +638,16 @@ class L3HiCacheStorage(HiCacheStorage):
                 self.c.set_dropped += n
                 return False
             skeys = storage_keys(keys)
+            own = self._owned(skeys)
+            if own is not None:
+                self.c.set_not_owned += n - sum(own)
+                skeys = [k for k, o in zip(skeys, own) if o]
+                pages = [p for p, o in zip(pages, own) if o]
+                if not skeys:
+                    return True
             ok = self._store.spill(self._kv_kind, skeys, pages)
             self.c.set_pages += sum(ok)
-            self.c.set_dropped += n - sum(ok)
+            self.c.set_dropped += len(ok) - sum(ok)
             return all(ok)
         except Exception:  # noqa: BLE001
             self.c.errors += 1
@@ -603,6 +673,8 @@ class L3HiCacheStorage(HiCacheStorage):
             return
         self._closed = True
         self._ready = False
+        hicache_metrics.detach(self._metrics)  # its final push reads the store: before the handle closes
+        self._metrics = None
         store, self._store = self._store, None
         if store is not None:
             try:
@@ -626,7 +698,10 @@ class L3HiCacheStorage(HiCacheStorage):
 
     def l3_stats(self) -> dict:
         """Backend counters plus the engine's (doctor, tests, the metrics issue)."""
-        out = {"backend": self.c.as_dict(), "rank": self.rank, "ready": self._ready}
+        out = {"backend": self.c.as_dict(), "rank": self.rank, "ready": self._ready, "cp_rank": self.cp_rank,
+               "cp_size": self.cp_size}
+        if self.writers is not None:
+            out["writers"] = {"mode": self.writers.mode, "tp_ranks": list(self.writers.writers), "me": self.writers.me}
         store = self._store
         if store is not None:
             out["store"] = store.stats()

@@ -15,6 +15,13 @@ instead of a traceback from ``resolve_once``.
 ``l3.storage_kv_dtype`` (AFTER ``HiCacheController._generate_storage_config``): SGLang's ``HiCacheStorageConfig``
 has no KV dtype (0.5.23 TODO, issue #33268); for the plugin's backend only, the controller's device pool dtype is
 added to the extra config, so e4m3 and e5m2 KV (both uint8 on the host) get different namespaces.
+
+``l3.cp_storage_writers`` (AFTER the same method): stock 0.5.23 lets one rank write replicated (MLA/DSA) pages
+(``is_storage_writer``: ``tp_rank == dcp_rank``; ``HiCacheController.backup_skip`` and the hybrid controller's
+backup read it), so under CP one thread on one disk writes for the whole group and the ranks of a second node
+write nothing. For the plugin's backend only, the config comes back as a subclass whose ``is_storage_writer`` is
+True on every replica: SGLang hands every page to every replica's backup thread, and the backend writes exactly
+the pages it owns (``owners.WriterPlan``), acknowledging the others as the owner's.
 """
 
 from __future__ import annotations
@@ -28,11 +35,12 @@ from ...declare import PluginFlagError, carried_values
 from ..feature import CP_L3_CONFIG, ENABLE_CP_L3
 from . import attach
 
-__all__ = ["translate", "hook_resolve_once", "hook_from_cli_args", "hook_storage_config", "server_launched",
-           "TRANSLATED_ATTR"]
+__all__ = ["translate", "hook_resolve_once", "hook_from_cli_args", "hook_storage_config", "hook_cp_writers",
+           "server_launched", "TRANSLATED_ATTR", "ALL_REPLICAS_WRITE_ATTR"]
 
 TRANSLATED_ATTR = "_glm_ext_l3"  # bookkeeping on the record (pickled to schedulers): what the plugin set
 _LAUNCHED = False
+ALL_REPLICAS_WRITE_ATTR = attach.ALL_REPLICAS_WRITE_ATTR
 
 
 def server_launched() -> bool:
@@ -118,6 +126,13 @@ def translate(server_args) -> bool:
     if getattr(server_args, "enable_kv_cache_sharding", False):
         raise PluginFlagError("--enable-cp-l3 does not support --enable-kv-cache-sharding yet: SGLang's storage "
                               "path moves whole pages per rank, not each rank's stripe")
+    if getattr(server_args, "enable_dsa_cache_layer_split", False):
+        raise PluginFlagError("--enable-cp-l3 does not serve --enable-dsa-cache-layer-split: each CP rank's host "
+                              "pool then holds its own layers of a page, so pages are per rank, not replicated; "
+                              "L3 under CP serves replicated KV (plain attention CP)")
+    if int(getattr(server_args, "dcp_size", 1) or 1) > 1:
+        raise PluginFlagError("--enable-cp-l3 does not serve decode context parallelism (--dcp-size > 1): SGLang "
+                              "0.5.23 allows L3 under DCP only for its file and Mooncake backends")
     if getattr(server_args, "hicache_host_memory_mode", "cache") != "cache":
         raise PluginFlagError("--enable-cp-l3 needs --hicache-host-memory-mode cache (buffer_only is not served)")
     path = CP_L3_CONFIG.value_in(values)
@@ -168,3 +183,36 @@ def hook_storage_config(result, self, *args, **kwargs):
             extra["kv_dtype"] = str(dtype).removeprefix("torch.")
             extra["kv_device_pool"] = type(dev).__name__
     return result
+
+
+_ALL_WRITER_CLASSES: dict = {}
+
+
+def _all_replicas_write_class(base):
+    cls = _ALL_WRITER_CLASSES.get(base)
+    if cls is None:
+        cls = type(f"{base.__name__}AllReplicasWrite", (base,), {
+            "__doc__": "HiCacheStorageConfig of the L3 backend: every replica writes; the backend keeps one owner "
+                       "per page (sglang_glm_ext l3.cp_storage_writers).",
+            "is_storage_writer": property(lambda self: True),
+            ALL_REPLICAS_WRITE_ATTR: True,
+        })
+        _ALL_WRITER_CLASSES[base] = cls
+    return cls
+
+
+def hook_cp_writers(result, self, *args, **kwargs):
+    """AFTER HiCacheController._generate_storage_config: for the plugin's backend and replicated (MLA/DSA) pages,
+    every replica is a storage writer to SGLang. Invariant: only the plugin's backend sees the rewritten config
+    (any other backend keeps SGLang's one writer), and the result is equal field by field to SGLang's."""
+    import dataclasses
+
+    extra = getattr(result, "extra_config", None)
+    if not (isinstance(extra, dict) and extra.get("backend_name") == attach.BACKEND_NAME):
+        return result
+    if not getattr(result, "is_mla_model", False) or getattr(result, "dcp_size", 1) != 1:
+        return result  # MHA: every rank writes already; DCP: not served (the backend refuses it)
+    if getattr(result, ALL_REPLICAS_WRITE_ATTR, False) or not dataclasses.is_dataclass(result):
+        return result
+    cls = _all_replicas_write_class(type(result))
+    return cls(**{f.name: getattr(result, f.name) for f in dataclasses.fields(result) if f.init})

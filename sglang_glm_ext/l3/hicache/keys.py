@@ -86,8 +86,9 @@ class ShardIdentity:
     Replicated pools (MLA / DSA: every TP rank holds the same latent KV) name no TP rank, so any rank reads what
     the writer wrote; MHA KV is split by heads, so its TP shard is part of it. Pipeline stages hold different
     layers (also in the layer range). Decode-context-parallel ranks hold disjoint token slices of a page.
-    Attention-DP replicas of the same shard hold the same bytes and share pages on purpose. Attention CP is
-    the next issue's seam: under DSA the KV is all-gathered before it is saved, so CP ranks are replicas.
+    Attention-DP replicas of the same shard hold the same bytes and share pages on purpose, and so do attention-CP
+    ranks: DSA all-gathers the KV before it is saved, so CP ranks are replicas (one owner writes each page,
+    ``owners.py``); no CP rank here.
     """
 
     replicated: bool

@@ -426,7 +426,6 @@ def test_unservable_pools_and_modes_are_refused_at_attach(tmp_path, monkeypatch)
 
     cfg = write_config(tmp_path)
     hp = pools("dsa", "page_first")
-    assert "attn_cp_size=2" in _attach_error(hp, cfg, attn_cp_size=2)
     assert "KV dtype is unknown" in _attach_error(pools("mha", "page_first"), cfg, kv_dtype=None)
     hp.pools["swa"] = hp.pools["indexer"]
     assert "'swa'" in _attach_error(hp, cfg)

@@ -87,6 +87,8 @@ def test_translation_happens_once_and_survives_pickling(tmp_path):
     (["--hicache-storage-backend-extra-config", '{"file_storage_path": "/x"}'], "cannot be combined"),
     (["--hicache-storage-backend-extra-config", "@/x.json"], "@FILE cannot be combined"),
     (["--hicache-storage-backend-extra-config", "{not json"], "is not JSON"),
+    (["--enable-dsa-cache-layer-split"], "does not serve --enable-dsa-cache-layer-split"),
+    (["--dcp-size", "2"], "does not serve decode context parallelism"),
 ])
 def test_conflicting_sglang_flags_are_refused_in_plugin_words(tmp_path, argv_extra, needle):
     with pytest.raises(SystemExit, match="sglang-glm-ext: .*" + needle.replace("(", r"\(")):
@@ -198,3 +200,52 @@ def test_a_server_launch_is_refused_where_the_standins_are_installed():
             "try:\n    sglang.Engine(model_path='dummy')\nexcept Exception as e:\n    print('REFUSED', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert "REFUSED" in out.stdout and "stand-ins" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def _mla_storage_config(tp_rank, backend_name=attach.BACKEND_NAME, is_mla=True):
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+    return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=4, pp_rank=0, pp_size=1, attn_cp_rank=tp_rank,
+                                attn_cp_size=4, is_mla_model=is_mla, enable_storage_metrics=False,
+                                is_page_first_layout=True, model_name="m",
+                                extra_config={"backend_name": backend_name})
+
+
+def test_writer_patch_makes_every_replica_a_writer_for_the_plugins_backend_only():
+    import dataclasses
+
+    from sglang.srt.managers.cache_controller import HiCacheController
+
+    stock = _mla_storage_config(2)
+    assert not stock.is_storage_writer  # 0.5.23: one MLA writer (tp_rank == dcp_rank)
+    got = hooks.hook_cp_writers(stock, None)
+    assert got.is_storage_writer and getattr(got, hooks.ALL_REPLICAS_WRITE_ATTR)
+    assert dataclasses.asdict(got) == dataclasses.asdict(stock)  # field by field what SGLang built
+    assert isinstance(got, type(stock)) and hooks.hook_cp_writers(got, None) is got
+    # SGLang's own backup_skip (read by the base and the hybrid controller) follows the config it is given
+    fget = HiCacheController.backup_skip.fget
+    assert fget(type("C", (), {"storage_config": stock})()) is True
+    assert fget(type("C", (), {"storage_config": got})()) is False
+    # another backend, MHA pages: SGLang's own writer choice, untouched
+    other = _mla_storage_config(2, backend_name="file")
+    assert hooks.hook_cp_writers(other, None) is other
+    mha = _mla_storage_config(2, is_mla=False)
+    assert hooks.hook_cp_writers(mha, None) is mha
+
+
+def test_sglang_backups_still_decide_the_writer_through_is_storage_writer():
+    """Contract of l3.cp_storage_writers: every writer decision in 0.5.23 goes through is_storage_writer."""
+    import inspect
+
+    from sglang.srt.managers.cache_controller import HiCacheController
+    from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
+
+    assert "return not self.storage_config.is_storage_writer" in inspect.getsource(HiCacheController.backup_skip.fget)
+    assert "if not self.backup_skip:" in inspect.getsource(HiCacheController.backup_thread_func)
+    hybrid = inspect.getsource(HybridCacheController._page_backup_with_stable_layout)
+    assert "if not self.backup_skip:" in hybrid and "super()._page_backup(operation)" in hybrid
+    assert "if not self.backup_skip:" in inspect.getsource(HybridCacheController.should_backup)
+    import sglang.srt.managers.cache_controller as cc_mod
+
+    src = inspect.getsource(cc_mod)
+    assert src.count("backup_skip") == 2 and src.count("is_storage_writer") == 1  # no other writer decision

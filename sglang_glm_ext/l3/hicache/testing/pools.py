@@ -108,8 +108,9 @@ def build_host_pools(family: str, layout: str, *, layers: int = 3, page_size: in
 
 def storage_config(config_path: str, *, kv_dtype: str | None = "float8_e4m3fn", is_mla: bool = True,
                    model_name: str = "glm-test", tp_rank: int = 0, tp_size: int = 1, attn_cp_size: int = 1,
-                   user_extra: dict | None = None):
-    """The HiCacheStorageConfig SGLang's controller would build for the plugin's backend (one rank)."""
+                   attn_cp_rank: int = 0, user_extra: dict | None = None, writers_patch: bool = False):
+    """The HiCacheStorageConfig SGLang's controller would build for the plugin's backend; ``writers_patch``: as the
+    plugin's ``l3.cp_storage_writers`` hook returns it (every replica a writer)."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
     from ..attach import extra_config
@@ -118,6 +119,11 @@ def storage_config(config_path: str, *, kv_dtype: str | None = "float8_e4m3fn", 
     extra.update(user_extra or {})
     if kv_dtype is not None:
         extra["kv_dtype"] = kv_dtype
-    return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
-                                attn_cp_size=attn_cp_size, is_mla_model=is_mla, enable_storage_metrics=True,
-                                is_page_first_layout=False, model_name=model_name, extra_config=extra)
+    sc = HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=attn_cp_rank,
+                              attn_cp_size=attn_cp_size, is_mla_model=is_mla, enable_storage_metrics=True,
+                              is_page_first_layout=False, model_name=model_name, extra_config=extra)
+    if writers_patch:
+        from ..hooks import hook_cp_writers
+
+        sc = hook_cp_writers(sc, None)
+    return sc

@@ -38,14 +38,17 @@ class StackSpec:
     # after the storage attach the way kv_cache_builder.maybe_register_hicache_draft does at startup
     tree_core_backend: str = "python"
     device: str = "cpu"  # "cuda" on a GPU node with SGLang: real kernels and pinned host pools, no stand-ins
+    metrics: bool = False  # SGLang's --enable-metrics as the scheduler hands it on (CacheInitParams.enable_metrics)
 
 
 def publish_server_args(spec: StackSpec, *, storage_backend: str | None, extra_config: str | None,
-                        plugin_values: dict | None = None):
+                        plugin_values: dict | None = None, parallel: dict | None = None):
     """Publish a dummy-model ServerArgs the way SGLang's own fixtures do; returns it (resolved).
 
     With ``plugin_values`` (e.g. ``{"enable_cp_l3": True, "cp_l3_config": path}``) the plugin flags ride on the
     record and the plugin's resolve-time hook turns them into ``dynamic`` + extra config, as in a server.
+    ``parallel``: this process's published topology (e.g. one attention-CP rank: ``tp_rank``, ``tp_size``,
+    ``attn_cp_size``, ...); default one rank.
     """
     from sglang.srt.runtime_context import get_parallel
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
@@ -73,7 +76,8 @@ def publish_server_args(spec: StackSpec, *, storage_backend: str | None, extra_c
         FEATURE.validate(values)
         setattr(server_args, CARRIER_ATTR, values)
     set_global_server_args_for_scheduler(server_args)
-    get_parallel().override_permanently(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1)
+    get_parallel().override_permanently(**{"tp_rank": 0, "tp_size": 1, "pp_rank": 0, "pp_size": 1,
+                                           **(parallel or {})})
     return server_args
 
 
@@ -94,10 +98,14 @@ class DsaStack:
     server_args: Any
     draft_pools: tuple = ()
     sidecar_pools: tuple = ()  # device pools of sidecar drafts (their own host pools, their own payload kinds)
+    sync_group: Any = None  # ranks of one group (CP): pump() then stops on the same iteration on every rank
+    timeout: float = 20.0  # default bound of one pump(); multi-process runs on a loaded machine raise it
     _closed: bool = field(default=False, repr=False)
 
     @classmethod
-    def build(cls, spec: StackSpec, server_args) -> "DsaStack":
+    def build(cls, spec: StackSpec, server_args, groups: dict | None = None) -> "DsaStack":
+        """``groups``: SGLang's cache process groups of a multi-rank run (``tp_cache_group``,
+        ``attn_cp_cache_group``, ``attn_tp_cache_group``), as the scheduler passes them in CacheInitParams."""
         import torch
         from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -124,7 +132,8 @@ class DsaStack:
         params = CacheInitParams(
             disable=False, req_to_token_pool=req_pool, token_to_kv_pool_allocator=allocator,
             page_size=spec.page_size, tree_components=(ComponentType.FULL,),
-            tree_core_backend=spec.tree_core_backend, mtp_draft_device_pools=drafts,
+            tree_core_backend=spec.tree_core_backend, mtp_draft_device_pools=drafts, enable_metrics=spec.metrics,
+            **(groups or {}),
         )
         cache = UnifiedRadixCache(params)
         cache.init_hicache(server_args, params)
@@ -144,7 +153,8 @@ class DsaStack:
             for sidecar_spec, entry in zip(specs, entries, strict=True):
                 cache.register_sidecar_pool(sidecar_spec, entry)  # -> backend.register_mem_host_pool_v2
         del torch
-        return cls(spec, cache, allocator, kv_pool, server_args, drafts, sidecars)
+        sync = (groups or {}).get("tp_cache_group")
+        return cls(spec, cache, allocator, kv_pool, server_args, drafts, sidecars, sync_group=sync)
 
     # ------------------------------------------------------------------ pools
     @property
@@ -208,11 +218,20 @@ class DsaStack:
 
         return self.cache.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens))))
 
-    def pump(self, until, timeout: float = 20.0, what: str = "condition") -> None:
-        deadline = time.monotonic() + timeout
+    def pump(self, until, timeout: float | None = None, what: str = "condition") -> None:
+        """Run the scheduler's per-tick HiCache work until ``until()``. With a ``sync_group`` every rank runs the
+        same number of ticks (the MIN of ``until()`` over the group decides), as SGLang's collectives need."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
             self.cache.check_hicache_events()
-            if until():
+            done = bool(until())
+            if self.sync_group is not None:
+                import torch
+
+                flag = torch.tensor([int(done)], dtype=torch.int)
+                torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=self.sync_group)
+                done = bool(flag.item())
+            if done:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"HiCache did not reach: {what}")
@@ -241,7 +260,7 @@ class DsaStack:
     def evict_host(self, num_tokens: int) -> int:
         return self.cache.evict_host(num_tokens)
 
-    def prefetch(self, tokens: list[int], rid: str, timeout: float = 20.0) -> int:
+    def prefetch(self, tokens: list[int], rid: str, timeout: float | None = None) -> int:
         """Prefetch ``tokens`` from L3 after the host match, as the scheduler does; returns loaded tokens."""
         from sglang.srt.mem_cache.base_prefix_cache import CacheRequestHandle
 
