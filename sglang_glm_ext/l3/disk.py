@@ -275,7 +275,7 @@ class DiskSlab:
         return self._reader.read_slot_into(slot, dst, nbytes, bounce=bounce)
 
     def read_header(self, slot: int) -> bytes:
-        """The slot's first HEADER_SIZE bytes, read as one BLOCK (cold start scans headers without payloads)."""
+        """The slot's header (format v2: its last HEADER_SIZE bytes), read as one BLOCK; see SlabReader."""
         return self._reader.read_header(slot)
 
     def drop_cache(self) -> None:

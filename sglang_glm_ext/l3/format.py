@@ -1,28 +1,35 @@
 """On-disk blob format of the L3 tier: one KV page = one self-describing blob in a 4 KiB-aligned slot.
 
-Slot layout (``slot_bytes_for(payload_len)`` bytes, a multiple of ``BLOCK``)::
+Slot layout, format v2 (``slot_bytes_for(payload_len)`` bytes, a multiple of ``BLOCK``)::
 
-    [0, 128)                 header (HEADER_SIZE, little-endian, see _HEADER)
-    [128, 128 + payload_len) payload (the page's bytes in the namespace's layout order)
-    [..., slot end)          pad (never read back as payload; contents unspecified)
+    [0, payload_len)                       payload (the page's bytes in the namespace's layout order)
+    [payload_len, slot_bytes - 128)        pad (zeroed by seal_blob; never read back as payload)
+    [slot_bytes - 128, slot_bytes)         header, a trailer (HEADER_SIZE, little-endian, see _HEADER)
 
-Header fields (offsets in bytes):
+The payload starts at the slot's first byte, so a reload reads it with O_DIRECT straight into the host page (or
+into each layer's chunk): the header no longer sits in front of it. v1 (earlier builds) had the header at
+``[0, 128)`` and the payload behind it; this build recognises a v1 header only to name it (``old_version``), it
+never serves one (docs_internal/l3_format.md, upgrade policy).
+
+Header fields (offsets in bytes, within the header):
 
     0   8  magic            b"GLML3BLB"              frozen across all versions
     8   2  format_version   u16, FORMAT_VERSION        frozen position across all versions
     10  1  payload_kind     u8, PayloadKind
-    11  1  reserved         must be 0 in v1
-    12  4  flags            u32; bits 0-15 must-understand (v1 defines none), bits 16-31 ignorable
+    11  1  reserved         must be 0
+    12  4  flags            u32; bits 0-15 must-understand (v2 defines none), bits 16-31 ignorable
     16 32  content_hash     SGLang page key (SHA-256) as 32 raw bytes
     48  8  payload_len      u64
-    56  8  payload_checksum u64, xxh3_64 of the payload bytes
-    64 16  ns_digest        Namespace.digest()
-    80 40  reserved         must be 0 in v1
+    56  8  payload_checksum u64, xxh3_64 of the payload bytes [0, payload_len) of the slot
+    64 16  ns_digest        Namespace.digest_for(deployment_id)
+    80  8  slot_bytes       u64, the slot this header closes (v2; v1 had reserved zeros here)
+    88 32  reserved         must be 0
     120 8  header_checksum  u64, xxh3_64 of bytes [0, 120)
 
 Invariant kept by every reader here: a blob is returned only if magic, version, header checksum, kind, content
-hash, namespace, length and payload checksum all match what the caller asked for; anything else is a miss with a
-reason (a :class:`BlobCheck`), never bytes and never an exception. See docs_internal/l3_format.md for the
+hash, namespace, payload and slot length and payload checksum all match what the caller asked for; anything else
+is a miss with a reason (a :class:`BlobCheck`), never bytes and never an exception. The payload checksum is
+computed over the bytes where they landed (:func:`checksum_views`). See docs_internal/l3_format.md for the
 crash-safety argument.
 
 Checksum: xxh3_64 (xxhash 4.1.0, measured on the 2-core dev VM): ~30 GB/s on a cache-resident 3 MiB buffer,
@@ -38,6 +45,7 @@ import hashlib
 import json
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import xxhash
 
@@ -45,22 +53,23 @@ from .aligned import byte_view
 
 BLOCK = 4096
 MAGIC = b"GLML3BLB"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+OLD_FORMAT_VERSIONS = (1,)  # recognised only to name them ("old_version"); never served
 HEADER_SIZE = 128
+PAYLOAD_OFFSET = 0  # where the payload starts in a slot (v2): a direct read lands it in the host page as is
 HASH_BYTES = 32
 NS_DIGEST_BYTES = 16
 
-# Flags whose low 16 bits a reader must understand; v1 defines none, so any of them set means "not for me".
+# Flags whose low 16 bits a reader must understand; v2 defines none, so any of them set means "not for me".
 _MUST_UNDERSTAND_FLAGS = 0x0000FFFF
 _KNOWN_FLAGS = 0
 
-_HEADER = struct.Struct("<8sHBBI32sQQ16s40s")
+_HEADER = struct.Struct("<8sHBBI32sQQ16sQ32s")
 _CHECKSUM = struct.Struct("<Q")
 _CHECKSUMMED = _HEADER.size  # bytes covered by the header checksum
 assert _CHECKSUMMED + _CHECKSUM.size == HEADER_SIZE
-_VERSION_AT = struct.Struct("<8sH")  # the frozen prefix: lets a v1 reader name a v2 blob as "unknown_version"
-_ZERO_RESERVED = bytes(40)
-
+_VERSION_AT = struct.Struct("<8sH")  # the frozen prefix: lets this reader name a newer blob "unknown_version"
+_ZERO_RESERVED = bytes(32)
 
 class PayloadKind(enum.IntEnum):
     """What a blob holds. Values are on disk: never renumber, only append."""
@@ -107,7 +116,8 @@ class BlobCheck(str, enum.Enum):
     SHORT = "short"  # buffer shorter than a header
     EMPTY = "empty"  # all-zero: never written or discarded
     BAD_MAGIC = "bad_magic"
-    UNKNOWN_VERSION = "unknown_version"
+    UNKNOWN_VERSION = "unknown_version"  # a version this build does not know (a newer server's blob)
+    OLD_VERSION = "old_version"  # a blob of an earlier format (v1): recognised, never served
     HEADER_CHECKSUM = "header_checksum"
     UNKNOWN_KIND = "unknown_kind"
     UNKNOWN_FLAGS = "unknown_flags"
@@ -116,8 +126,8 @@ class BlobCheck(str, enum.Enum):
     KIND_MISMATCH = "kind_mismatch"
     HASH_MISMATCH = "hash_mismatch"
     NAMESPACE_MISMATCH = "namespace_mismatch"
-    LENGTH_MISMATCH = "length_mismatch"
-    TRUNCATED = "truncated"  # buffer shorter than header + payload
+    LENGTH_MISMATCH = "length_mismatch"  # payload length, or the slot size the header closes
+    TRUNCATED = "truncated"  # buffer shorter than the slot the header closes
     PAYLOAD_CHECKSUM = "payload_checksum"
 
     def __str__(self) -> str:
@@ -210,14 +220,31 @@ def round_up(n: int, align: int = BLOCK) -> int:
 
 
 def slot_bytes_for(payload_len: int) -> int:
-    """Smallest BLOCK multiple that holds header + payload (the O_DIRECT transfer unit)."""
+    """Smallest BLOCK multiple that holds payload + trailer header (the O_DIRECT write unit). Same as v1's
+    header + payload, so a v1 slab keeps its geometry (and opens) under v2."""
     if payload_len < 0:
         raise ValueError(f"payload_len must be >= 0, got {payload_len}")
     return round_up(HEADER_SIZE + payload_len, BLOCK)
 
 
+def header_offset(slot_bytes: int) -> int:
+    """Where a v2 slot's header starts: its last HEADER_SIZE bytes."""
+    return slot_bytes - HEADER_SIZE
+
+
 def payload_checksum(buf) -> int:
     return xxhash.xxh3_64_intdigest(byte_view(buf))
+
+
+def checksum_views(views) -> int:
+    """xxh3_64 of the concatenation of ``views`` (a page's pieces in payload order, where they landed): the same
+    value as :func:`payload_checksum` over one contiguous copy, without making one."""
+    if len(views) == 1:
+        return xxhash.xxh3_64_intdigest(views[0])
+    h = xxhash.xxh3_64()
+    for v in views:
+        h.update(v)
+    return h.intdigest()
 
 
 def _header_checksum(raw) -> int:
@@ -233,40 +260,45 @@ def encode_header_into(
     payload_len: int,
     payload_checksum: int,
     ns_digest: bytes,
+    slot_bytes: int,
     flags: int = 0,
 ) -> None:
-    """Write a sealed v1 header at ``buf[offset:offset + HEADER_SIZE]``."""
+    """Write a sealed v2 header at ``buf[offset:offset + HEADER_SIZE]``."""
     kind = PayloadKind.parse(kind)
     if len(ns_digest) != NS_DIGEST_BYTES:
         raise ValueError(f"ns_digest must be {NS_DIGEST_BYTES} bytes, got {len(ns_digest)}")
-    if not 0 <= payload_len < 2**64 or not 0 <= payload_checksum < 2**64:
-        raise ValueError("payload_len and payload_checksum must fit in u64")
+    if not all(0 <= v < 2**64 for v in (payload_len, payload_checksum, slot_bytes)):
+        raise ValueError("payload_len, payload_checksum and slot_bytes must fit in u64")
     if flags & _MUST_UNDERSTAND_FLAGS & ~_KNOWN_FLAGS or not 0 <= flags < 2**32:
         raise ValueError(f"flags {flags:#x} set must-understand bits that v{FORMAT_VERSION} does not define")
     mv = byte_view(buf)
     _HEADER.pack_into(
         mv, offset, MAGIC, FORMAT_VERSION, int(kind), 0, flags, key_to_bytes(content_hash),
-        payload_len, payload_checksum, bytes(ns_digest), _ZERO_RESERVED,
+        payload_len, payload_checksum, bytes(ns_digest), slot_bytes, _ZERO_RESERVED,
     )
     _CHECKSUM.pack_into(mv, offset + _CHECKSUMMED, _header_checksum(mv[offset:offset + HEADER_SIZE]))
 
 
 def seal_blob(buf, *, kind, content_hash, ns_digest: bytes, payload_len: int) -> int:
-    """Checksum the payload already placed at ``buf[HEADER_SIZE:]`` and write the header in front of it.
-
-    The spill path gathers a page straight after the header, then seals: no extra copy. Returns the checksum.
-    """
+    """Make ``buf`` (a whole slot image: its length is the slot size) a v2 blob: checksum the payload already
+    placed at ``buf[0:payload_len]``, zero the pad (no bytes of an older page survive in it) and write the header
+    into the slot's last HEADER_SIZE bytes. The spill path gathers a page straight into the slot image, then
+    seals: no extra copy. Returns the checksum."""
     mv = byte_view(buf)
-    if HEADER_SIZE + payload_len > len(mv):
-        raise ValueError(f"buffer of {len(mv)} B cannot hold header + {payload_len} B payload")
-    checksum = payload_checksum(mv[HEADER_SIZE:HEADER_SIZE + payload_len])
-    encode_header_into(mv, 0, kind=kind, content_hash=content_hash, payload_len=payload_len,
-                       payload_checksum=checksum, ns_digest=ns_digest)
+    slot = len(mv)
+    if payload_len < 0 or PAYLOAD_OFFSET + payload_len > header_offset(slot):
+        raise ValueError(f"slot image of {slot} B cannot hold a {payload_len} B payload and its header")
+    checksum = payload_checksum(mv[PAYLOAD_OFFSET:PAYLOAD_OFFSET + payload_len])
+    hdr = header_offset(slot)
+    mv[PAYLOAD_OFFSET + payload_len:hdr] = bytes(hdr - PAYLOAD_OFFSET - payload_len)
+    encode_header_into(mv, hdr, kind=kind, content_hash=content_hash, payload_len=payload_len,
+                       payload_checksum=checksum, ns_digest=ns_digest, slot_bytes=slot)
     return checksum
 
 
-@dataclass(frozen=True)
-class BlobHeader:
+class BlobHeader(NamedTuple):
+    """A parsed header (a tuple: it is made once per reload, on the hot path)."""
+
     version: int
     kind: PayloadKind
     flags: int
@@ -274,14 +306,27 @@ class BlobHeader:
     payload_len: int
     payload_checksum: int
     ns_digest: bytes
+    slot_bytes: int
 
-    @property
-    def slot_bytes(self) -> int:
-        return slot_bytes_for(self.payload_len)
+
+def is_old_header(raw) -> bool:
+    """``raw`` (a slot's first bytes) is a sealed v1 header: magic, version 1 and its header checksum. Used only to
+    name a v1 blob (``old_version``); nothing of it is parsed further."""
+    try:
+        mv = byte_view(raw)
+    except (TypeError, ValueError):
+        return False
+    if len(mv) < HEADER_SIZE:
+        return False
+    magic, version = _VERSION_AT.unpack_from(mv, 0)
+    if magic != MAGIC or version not in OLD_FORMAT_VERSIONS:
+        return False
+    return _CHECKSUM.unpack_from(mv, _CHECKSUMMED)[0] == _header_checksum(mv)
 
 
 def parse_header_reason(buf) -> "tuple[BlobHeader | None, BlobCheck]":
-    """(header, OK) or (None, why): one of the header-alone :class:`BlobCheck` values. Never raises on bad bytes."""
+    """The header in ``buf``'s first HEADER_SIZE bytes (a slot's trailer): (header, OK) or (None, why), one of the
+    header-alone :class:`BlobCheck` values. A v1 header given here is ``old_version``. Never raises on bad bytes."""
     if buf is None:
         return None, BlobCheck.EMPTY
     try:
@@ -295,11 +340,11 @@ def parse_header_reason(buf) -> "tuple[BlobHeader | None, BlobCheck]":
     if magic != MAGIC:
         return None, BlobCheck.EMPTY if not any(raw) else BlobCheck.BAD_MAGIC
     if version != FORMAT_VERSION:
-        return None, BlobCheck.UNKNOWN_VERSION
+        return None, BlobCheck.OLD_VERSION if version in OLD_FORMAT_VERSIONS else BlobCheck.UNKNOWN_VERSION
     (stored,) = _CHECKSUM.unpack_from(raw, _CHECKSUMMED)
     if stored != _header_checksum(raw):
         return None, BlobCheck.HEADER_CHECKSUM
-    _, _, kind_byte, reserved8, flags, chash, plen, pcsum, nsd, reserved = _HEADER.unpack_from(raw, 0)
+    _, _, kind_byte, reserved8, flags, chash, plen, pcsum, nsd, slot, reserved = _HEADER.unpack_from(raw, 0)
     kind = PayloadKind.from_byte(kind_byte)
     if kind is None:
         return None, BlobCheck.UNKNOWN_KIND
@@ -307,38 +352,68 @@ def parse_header_reason(buf) -> "tuple[BlobHeader | None, BlobCheck]":
         return None, BlobCheck.UNKNOWN_FLAGS
     if reserved8 or reserved != _ZERO_RESERVED:
         return None, BlobCheck.RESERVED_NONZERO
-    return BlobHeader(version, kind, flags, chash, plen, pcsum, nsd), BlobCheck.OK
+    return BlobHeader(version, kind, flags, chash, plen, pcsum, nsd, slot), BlobCheck.OK
 
 
 def parse_header(buf) -> "BlobHeader | None":
     return parse_header_reason(buf)[0]
 
 
+def slot_header_reason(head, trailer) -> "tuple[BlobHeader | None, BlobCheck]":
+    """Classify a slot from its first (``head``) and last (``trailer``) HEADER_SIZE bytes: the v2 header in the
+    trailer; where there is none, a v1 header at the slot's start makes it ``old_version``."""
+    header, why = parse_header_reason(trailer)
+    if header is None and why in (BlobCheck.EMPTY, BlobCheck.BAD_MAGIC) and head is not None and is_old_header(head):
+        return None, BlobCheck.OLD_VERSION
+    return header, why
+
+
+def check_header(header: BlobHeader, *, kind, content_hash, ns_digest: bytes, payload_len: "int | None",
+                 slot_bytes: "int | None") -> BlobCheck:
+    """Does a parsed header name exactly the page asked for, in a slot of this size? (The payload is checked
+    separately, where it landed.) A caller bug (an unparseable kind or key) raises."""
+    if header.kind != PayloadKind.parse(kind):
+        return BlobCheck.KIND_MISMATCH
+    if header.content_hash != key_to_bytes(content_hash):
+        return BlobCheck.HASH_MISMATCH
+    if header.ns_digest != bytes(ns_digest):
+        return BlobCheck.NAMESPACE_MISMATCH
+    if payload_len is not None and header.payload_len != payload_len:
+        return BlobCheck.LENGTH_MISMATCH
+    if slot_bytes is not None and header.slot_bytes != slot_bytes:
+        return BlobCheck.LENGTH_MISMATCH
+    if PAYLOAD_OFFSET + header.payload_len > header_offset(header.slot_bytes):
+        return BlobCheck.LENGTH_MISMATCH
+    return BlobCheck.OK
+
+
 def verify_blob_reason(
     buf, *, kind, content_hash, ns_digest: bytes, payload_len: "int | None" = None,
 ) -> "tuple[memoryview | None, BlobCheck]":
-    """(payload view, OK) only if the blob is exactly the page asked for; else (None, why).
+    """(payload view, OK) only if ``buf`` -- a whole slot image, its length the slot size -- holds exactly the page
+    asked for; else (None, why). The contiguous form of the check (fsck, tools, tests); reloads check the same
+    fields over the bytes where they landed (reload.py).
 
     A caller bug (an unparseable kind or key) still raises: that is not a property of the disk.
     """
     want_kind = PayloadKind.parse(kind)
     want_hash = key_to_bytes(content_hash)
-    header, reason = parse_header_reason(buf)
+    try:
+        mv = byte_view(buf)
+    except (TypeError, ValueError):
+        return None, BlobCheck.SHORT
+    if len(mv) < HEADER_SIZE:
+        return None, BlobCheck.SHORT
+    header, reason = slot_header_reason(mv[:HEADER_SIZE], mv[header_offset(len(mv)):])
     if header is None:
         return None, reason
-    if header.kind != want_kind:
-        return None, BlobCheck.KIND_MISMATCH
-    if header.content_hash != want_hash:
-        return None, BlobCheck.HASH_MISMATCH
-    if header.ns_digest != bytes(ns_digest):
-        return None, BlobCheck.NAMESPACE_MISMATCH
-    if payload_len is not None and header.payload_len != payload_len:
-        return None, BlobCheck.LENGTH_MISMATCH
-    mv = byte_view(buf)
-    end = HEADER_SIZE + header.payload_len
-    if end > len(mv):
-        return None, BlobCheck.TRUNCATED
-    payload = mv[HEADER_SIZE:end]
+    reason = check_header(header, kind=want_kind, content_hash=want_hash, ns_digest=ns_digest,
+                          payload_len=payload_len, slot_bytes=None)
+    if reason is not BlobCheck.OK:
+        return None, reason
+    if header.slot_bytes != len(mv):
+        return None, BlobCheck.TRUNCATED if header.slot_bytes > len(mv) else BlobCheck.LENGTH_MISMATCH
+    payload = mv[PAYLOAD_OFFSET:PAYLOAD_OFFSET + header.payload_len]
     if payload_checksum(payload) != header.payload_checksum:
         return None, BlobCheck.PAYLOAD_CHECKSUM
     return payload, BlobCheck.OK

@@ -121,10 +121,13 @@ class IndexEntry(NamedTuple):
         is never an entry: lookups treat it as absent, so it costs its own page only, never its batch."""
         if b is None or len(b) != VALUE_LEN:
             return None
-        return IndexEntry(*_VALUE.unpack(b))
+        return _new_entry(IndexEntry, _VALUE.unpack(b))  # tuple.__new__: a scan decodes every entry of a range
 
     def same_location(self, other: "IndexEntry") -> bool:
         return self.rank == other.rank and self.disk == other.disk and self.slot == other.slot
+
+
+_new_entry = tuple.__new__
 
 
 class IndexDamagedError(OSError):
@@ -196,21 +199,23 @@ def _walk_range(txn, prefix: bytes) -> "list[tuple[bytes, bytes]] | None":
     cur = txn.cursor()
     out: list[tuple[bytes, bytes]] = []
     prev = back[0] if back else None
-    ok = cur.set_range(prefix)
-    while ok:
-        k = cur.key()
+    if not cur.set_range(prefix):
+        return out
+    records = cur.iternext(keys=True, values=True)  # (key, value) pairs from the cursor on, made in C
+    for rec in records:
+        k = rec[0]
         if prev is not None and k <= prev:
             return None
         if k.startswith(prefix):
-            out.append((k, cur.value()))
+            out.append(rec)
             prev = k
-            ok = cur.next()
             continue
         # The first key past the range (k > prev, so k >= hi): the range really ends here only if the order
         # goes on after it; a damaged key that sorts high would be followed by a smaller (in-range) key.
         if hi is not None and k < hi:
             return None
-        if cur.next() and not cur.key() > k:
+        after = next(records, None)
+        if after is not None and not after[0] > k:
             return None
         return out
     return out

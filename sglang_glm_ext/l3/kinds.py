@@ -46,9 +46,10 @@ class PageLRU:
 
     def load(self, items) -> None:
         """Cold start: seed from the durable entries ``(key, last_access, slot)`` (hot pages stay hot)."""
-        for key, last_access, slot in items:
-            self.current[key] = (last_access, slot)
-            self.heap.append((last_access, len(self.heap), key, slot))
+        items = list(items)
+        self.current.update({key: (last_access, slot) for key, last_access, slot in items})
+        base = len(self.heap)
+        self.heap.extend((la, base + i, key, slot) for i, (key, la, slot) in enumerate(items))
         heapq.heapify(self.heap)
 
     def reset(self, current: dict) -> None:

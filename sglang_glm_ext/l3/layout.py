@@ -11,6 +11,10 @@ A host KV pool is described as a list of slices: page ``p`` consists of slice ``
 The payload order therefore depends on the layout (layer-major vs token-major), which is why the layout name is
 part of ``format.Namespace``.
 
+Reloads do not copy through this module: :meth:`PageLayout.page_spans` hands the read path (reload.py) page ``p``'s
+slices as writable views, and :meth:`PageLayout.read_plan` the plan (read_plan.py) that reads a slot straight into
+them with O_DIRECT; pages whose addresses agree modulo the alignment share one plan, cached here.
+
 No torch: buffers are buffer-protocol objects (numpy arrays, memoryviews, mmaps, AlignedBuffer) or
 ``(address, nbytes)`` pairs such as ``(tensor.data_ptr(), tensor.nbytes)``. With raw addresses the caller keeps the
 memory alive; with objects this layout holds a reference. Copies use ctypes.memmove, which releases the GIL.
@@ -20,9 +24,11 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from .aligned import AlignedBuffer, buffer_address
+from .dio_align import DioAlignment
+from .read_plan import ReadPlan, period, plan_read
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,40 @@ def _region(buf) -> _Region:
         raise ValueError("host buffer must be C-contiguous")
     return _Region(buffer_address(view.cast("B") if view.ndim != 1 or view.format != "B" else view),
                    view.nbytes, not view.readonly, buf)
+
+
+class PageSpans(NamedTuple):
+    """One page's destination as the read path sees it: span ``i`` is ``views[i][starts[i]:starts[i] + lengths[i]]``
+    (writable), at address ``bases[i] + starts[i]``; spans in payload order."""
+
+    views: Sequence[memoryview]
+    bases: Sequence[int]
+    starts: Sequence[int]
+    lengths: tuple
+
+    def pieces(self) -> list:
+        """The spans as views, in payload order (what the checksum runs over)."""
+        return [v[s:s + n] for v, s, n in zip(self.views, self.starts, self.lengths)]
+
+    def head(self, n: int) -> bytes:
+        """The payload's first ``n`` bytes (a v1 header, if the slot holds one)."""
+        out = bytearray()
+        for v, s, ln in zip(self.views, self.starts, self.lengths):
+            out += v[s:s + min(ln, n - len(out))]
+            if len(out) >= n:
+                break
+        return bytes(out)
+
+    @classmethod
+    def flat(cls, view: memoryview, nbytes: int) -> "PageSpans":
+        """A contiguous destination (``reload_into``): its first ``nbytes``."""
+        return cls((view,), (buffer_address(view),), (0,), (nbytes,))
+
+
+def _writable_view(address: int, nbytes: int) -> memoryview:
+    """A flat byte view of memory the caller keeps alive (the layout holds buffer objects; raw addresses are the
+    caller's)."""
+    return memoryview((ctypes.c_ubyte * nbytes).from_address(address)).cast("B")
 
 
 @dataclass(frozen=True)
@@ -83,6 +123,11 @@ class PageLayout:
             at += s.length
         self._plan = tuple(plan)
         self._writable = all(s.region.writable for s in self.slices)
+        self._strides = tuple(s.stride for s in self.slices)
+        self._lengths = tuple(s.length for s in self.slices)
+        self._bases = tuple(addr for addr, _, _, _ in plan)
+        self._views: "tuple[memoryview, ...] | None" = None  # made at the first read (reloads only)
+        self._read_plans: dict = {}
 
     # ------------------------------------------------------------------ factories
     @classmethod
@@ -174,6 +219,33 @@ class PageLayout:
         for addr, stride, length, at in self._plan:
             ctypes.memmove(addr + page_index * stride, base + at, length)
         return self.page_bytes
+
+    # ------------------------------------------------------------------ direct reads
+    def page_spans(self, page_index: int) -> PageSpans:
+        """Page ``page_index``'s slices as writable views for a direct read (read path only). IndexError outside
+        the pool; ValueError for a read-only pool."""
+        self._check_page(page_index)
+        views = self._views
+        if views is None:
+            if not self._writable:
+                raise ValueError("host pool buffer is read-only; cannot reload into it")
+            n = self.num_pages - 1
+            views = self._views = tuple(_writable_view(base, n * stride + length)
+                                        for base, stride, length in zip(self._bases, self._strides, self._lengths))
+        return PageSpans(views, self._bases, [page_index * st for st in self._strides], self._lengths)
+
+    def read_plan(self, page_index: int, slot_bytes: int, align: DioAlignment, vectored: bool) -> ReadPlan:
+        """The read plan for this page's slot (shared by every page with the same addresses modulo ``align.mem``)."""
+        mem = align.mem
+        per = self._read_plans.get(mem)
+        if per is None:
+            per = self._read_plans[mem] = period(self._strides, mem)
+        key = (page_index % per, slot_bytes, mem, align.offset, vectored)
+        plan = self._read_plans.get(key)
+        if plan is None:
+            mods = tuple((b + page_index * st) % align.mem for b, st in zip(self._bases, self._strides))
+            plan = self._read_plans[key] = plan_read(self._lengths, mods, slot_bytes, align, vectored)
+        return plan
 
     def _check_span(self, region: _Region, offset: int, what: str) -> None:
         if offset < 0 or offset + self.page_bytes > region.nbytes:

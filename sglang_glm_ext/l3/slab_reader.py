@@ -14,21 +14,39 @@ Geometry, decided at open:
   a slot past the file's end is a :class:`ShortRead`, which the store counts against the entry that named it.
 * ``tolerant=True`` (fsck): ``num_slots`` is what the sidecar says the owner meant; the file may hold fewer.
   ``num_slots`` becomes what the file holds, and a read past its end comes back as zeros (an empty slot).
+
+Direct reads into the caller's memory (:meth:`SlabReader.read_spans`): the alignment O_DIRECT needs is probed on
+the file itself at open (``align``, dio_align.py) and a :class:`~.read_plan.ReadPlan` says which bytes go straight
+into the page's spans and which through the caller's bounce buffer. A transfer the kernel refuses anyway (EINVAL:
+the file system reported less than it needs) makes the reader fall back, for good, to 4 KiB plans, then to
+buffered reads; the read is redone, so the caller sees only the bytes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import threading
 
 from .aligned import AlignedBuffer, buffer_address, byte_view
+from .dio_align import BUFFERED, CONSERVATIVE, DioAlignment, probe_dio_alignment
 from .errors import SlabGeometryError
 from .format import BLOCK, HEADER_SIZE, round_up
+from .read_plan import ReadPlan, plan_read
 
 __all__ = ["SlabReader", "ShortRead"]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+try:
+    _IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024))
+except (OSError, ValueError):
+    _IOV_MAX = 1024
+_MEMMOVE_MIN = 64 * 1024  # larger copies go through ctypes.memmove, which releases the GIL
+
+
+class _Refused(Exception):
+    """A direct transfer was refused (EINVAL) and the reader has fallen back: redo the read with a new plan."""
 
 
 class ShortRead(OSError):
@@ -68,6 +86,7 @@ class SlabReader:
                 self._fd, self.io_mode = os.open(self.path, flags), "buffered"
                 self.fallback_reason = "O_DIRECT refused at open (EINVAL)"
         self._owns_fd = True
+        self.align = self._probe_align()
         self.num_slots = num_slots
         if num_slots is not None:
             size = os.fstat(self._fd).st_size
@@ -85,7 +104,19 @@ class SlabReader:
         self.path, self.slot_bytes, self.tolerant, self.fallback_reason = path, slot_bytes, False, None
         self._init_state()
         self._fd, self.io_mode, self._owns_fd, self.num_slots = fd, io_mode, False, num_slots
+        self.align = self._probe_align()
         return self
+
+    def _probe_align(self) -> DioAlignment:
+        """What a direct transfer on this file needs (dio_align.py); no alignment for buffered reads. An answer
+        that does not fit the 4 KiB slot grid (offsets above 4 KiB) is replaced by 4 KiB plans, which the owner's
+        O_DIRECT probe has shown to work (else the reader would be buffered)."""
+        if not self.direct:
+            return BUFFERED
+        a = probe_dio_alignment(self._fd)
+        if a.offset > BLOCK or BLOCK % a.offset or a.mem > BLOCK:
+            return DioAlignment(BLOCK, BLOCK, f"4 KiB ({a} does not fit the slot grid)")
+        return a
 
     def _init_state(self) -> None:
         self._lock = threading.Lock()
@@ -93,7 +124,8 @@ class SlabReader:
         self._local = threading.local()
         self._buffers: list[AlignedBuffer] = []
         # Diagnostics only (tests, bench): unlocked increments may undercount when several threads read.
-        self.counters = {"direct_reads": 0, "bounce_reads": 0, "buffered_reads": 0}
+        self.counters = {"direct_reads": 0, "bounce_reads": 0, "buffered_reads": 0, "span_reads": 0,
+                         "direct_bytes": 0, "bounced_bytes": 0}
 
     @property
     def fd(self) -> int:
@@ -136,11 +168,119 @@ class SlabReader:
         return nbytes
 
     def read_header(self, slot: int) -> bytes:
-        """The slot's first HEADER_SIZE bytes, read as one BLOCK (cold start scans headers without payloads)."""
+        """The slot's header (format v2: its last HEADER_SIZE bytes), read as the slot's last BLOCK."""
+        return self.read_headers(slot)[1]
+
+    def read_headers(self, slot: int) -> "tuple[bytes, bytes]":
+        """The slot's first and last HEADER_SIZE bytes (a v1 header, a v2 header), one BLOCK read each."""
         offset = self._offset(slot)
         block = self._thread_buffer("header_block", BLOCK)
         self._read(block.view, offset)
-        return bytes(block.view[:HEADER_SIZE])
+        head = bytes(block.view[:HEADER_SIZE])
+        if self.slot_bytes > BLOCK:
+            self._read(block.view, offset + self.slot_bytes - BLOCK)
+        return head, bytes(block.view[BLOCK - HEADER_SIZE:])
+
+    def read_spans(self, slot: int, spans, plan: ReadPlan, bounce: AlignedBuffer) -> "tuple[bytes, list]":
+        """Read the slot in one pass as ``plan`` says: its direct segments straight into ``spans`` (a
+        ``layout.PageSpans``), the rest into ``bounce`` (mem-aligned, >= ``plan.bounce_bytes``) and copied out.
+        Returns the slot's last HEADER_SIZE bytes (its v2 header) and the spans as views in payload order (what
+        the checksum runs over). Writes nothing but the spans' own bytes.
+
+        ``plan`` must be for this slot size and ``self.align``; if the kernel refuses the transfer the reader falls
+        back (module docstring) and the read is redone under a plan for the new alignment. Raises OSError on I/O
+        failure, :class:`ShortRead` where the file ends first."""
+        offset = self._offset(slot)
+        for _ in range(3):  # the plan given, then at most two fallbacks (4 KiB plans, buffered reads)
+            try:
+                iov = self._run(plan, spans, bounce, offset)
+                break
+            except _Refused:
+                mods = tuple((b + s) % self.align.mem for b, s in zip(spans.bases, spans.starts))
+                plan = plan_read(tuple(spans.lengths), mods, self.slot_bytes, self.align, True)
+                bounce = self._thread_buffer("replan", plan.bounce_bytes)
+        else:  # pragma: no cover - each fallback changes the alignment, and buffered reads never raise _Refused
+            raise OSError(errno.EINVAL, f"direct read of {self.path} refused under every fallback")
+        c = self.counters
+        c["span_reads"] += 1
+        c["direct_bytes"] += plan.direct_bytes
+        c["bounced_bytes"] += plan.payload_bytes - plan.direct_bytes
+        seg = plan.span_segments
+        if seg is None:
+            pieces = spans.pieces()
+        elif seg[-1] == len(seg) - 1:  # the spans are the plan's first segments (page- and layer-first, aligned)
+            pieces = iov[:len(seg)]
+        else:
+            pieces = [iov[j] for j in seg]
+        return bytes(bounce.view[plan.trailer_at:plan.trailer_at + HEADER_SIZE]), pieces
+
+    def _run(self, plan: ReadPlan, spans, bounce: AlignedBuffer, offset: int) -> list:
+        if len(bounce) < plan.bounce_bytes or bounce.address % self.align.mem:
+            raise ValueError(f"bounce buffer must be {self.align.mem} B-aligned and >= {plan.bounce_bytes} B")
+        views, starts, bv = spans.views, spans.starts, bounce.view
+        iov = [views[i][starts[i] + off:starts[i] + off + n] if i >= 0 else bv[at:at + n]
+               for i, off, at, n in plan.segments]
+        self._readv(iov, offset, plan.align)
+        base = bounce.address
+        for i, off, at, n in plan.copies:
+            s = starts[i] + off
+            if n >= _MEMMOVE_MIN:
+                ctypes.memmove(spans.bases[i] + s, base + at, n)
+            else:
+                views[i][s:s + n] = bv[at:at + n]
+        return iov
+
+    def _readv(self, iov: list, offset: int, align: DioAlignment) -> None:
+        """Fill every view of ``iov`` from ``offset`` on, in order: one ``preadv`` of the whole slot, the common
+        case; short transfers are continued and more than IOV_MAX views split, each call starting at a segment
+        boundary (an aligned file offset). ``iov`` itself is never changed (the caller hashes its views)."""
+        if len(iov) <= _IOV_MAX:
+            got = self._preadv(iov, offset, align)
+            if got == self.slot_bytes:
+                return
+        else:
+            got = 0
+        todo, pos = list(iov), offset
+        while todo:
+            while todo and got >= len(todo[0]):  # whole views done
+                got -= len(todo[0])
+                todo.pop(0)
+            if got:  # a view done in part: continue inside it
+                todo[0] = todo[0][got:]
+            if not todo:
+                return
+            pos = offset + self.slot_bytes - sum(len(v) for v in todo)
+            got = self._preadv(todo[:_IOV_MAX], pos, align)
+            if got <= 0:
+                if not self.tolerant:
+                    raise ShortRead(f"short read at offset {pos} in {self.path}")
+                for v in todo:
+                    v[:] = bytes(len(v))
+                return
+
+    def _preadv(self, iov: list, pos: int, align: DioAlignment) -> int:
+        try:
+            return os.preadv(self._fd, iov, pos)
+        except OSError as e:
+            if e.errno != errno.EINVAL or not self.direct:
+                raise
+            self._refused(align)
+            raise  # pragma: no cover - _refused always raises
+
+    def _refused(self, align: DioAlignment) -> None:
+        """EINVAL on a direct transfer planned under ``align``: 4 KiB plans first, then buffered reads (a descriptor
+        of our own only: the owner's was probed at open, so there a refusal is an error). Raises _Refused to make
+        the caller re-plan. A thread whose plan predates another thread's fallback only re-plans."""
+        with self._lock:
+            if (align.mem, align.offset) != (self.align.mem, self.align.offset):
+                raise _Refused()
+            if align.mem < BLOCK or align.offset < BLOCK:
+                self.align = CONSERVATIVE
+                raise _Refused()
+        if self._owns_fd:
+            self._fall_back()
+            raise _Refused()
+        raise OSError(errno.EINVAL, f"O_DIRECT transfer refused on {self.path} (the owner's descriptor)")
 
     def write_slot(self, slot: int, buf) -> None:
         """A reader stands where a slab may (tools, fsck): a write through it is a caller bug, refused loudly."""
@@ -180,14 +320,22 @@ class SlabReader:
                 self._spare.append(self._fd)
                 self._fd = buffered
                 self.io_mode, self.fallback_reason = "buffered", "O_DIRECT transfer refused (EINVAL)"
+                self.align = BUFFERED
 
     def _thread_buffer(self, name: str, size: int) -> AlignedBuffer:
         buf = getattr(self._local, name, None)
-        if buf is None or buf.closed:
-            buf = AlignedBuffer(size)
+        if buf is None or buf.closed or buf.size < size:
+            old, buf = buf, AlignedBuffer(size)
             setattr(self._local, name, buf)
             with self._lock:
                 self._buffers.append(buf)
+                if old is not None and old in self._buffers:
+                    self._buffers.remove(old)
+            if old is not None:
+                try:
+                    old.close()
+                except BufferError:
+                    pass
         return buf
 
     # ------------------------------------------------------------------ close

@@ -5,8 +5,8 @@ Who owns what (the full table, and a page's path from ``spill`` to the slab and 
 * Caller threads (the scheduler / HiCache I/O threads) call the methods below. Each call decides once, up front,
   what the call needs (plan: the payload kind, the keys, which pages are present, which destinations can take
   their page in place), then runs with no decision left. ``spill`` only copies into staging (staging.py) and
-  queues; it never touches a slot pool and never blocks on the disk. ``reload`` reads and verifies (reload.py)
-  on the caller's thread plus a small read pool, and copies into the caller's memory.
+  queues; it never touches a slot pool and never blocks on the disk. ``reload`` reads straight into the caller's
+  memory and verifies the bytes there (reload.py), on the caller's thread plus a small read pool.
 * ONE writer thread (writer.py) owns every slot pool and page LRU; its committer thread (committer.py) makes
   batches durable; every reclaim (reclaim.py) deletes the index entry before the slot is reused.
 * ``open`` wires them, in this order: owner lock -> slab directory -> PLP -> slabs + sidecars -> index -> cold
@@ -49,13 +49,13 @@ from .config import COLD_START_MODES, L3Config, L3ConfigError
 from .counters import Counters
 from .disk import DiskSlab, check_plp, probe_plp
 from .errors import L3OwnerLockedError, L3StoreError
-from .format import FORMAT_VERSION, HEADER_SIZE, BlobCheck, Namespace, PayloadKind, key_to_bytes, slot_bytes_for
+from .format import FORMAT_VERSION, PAYLOAD_OFFSET, BlobCheck, Namespace, PayloadKind, key_to_bytes, slot_bytes_for
 from .fsutil import make_private_dirs
 from .index import KeySpace, L3Index, deployment_tag, now_us
 from .kinds import KindState, PageLRU
 from .messages import AddKind, Admission, ClearRank, Completion, FreePages, ReloadMiss, Touch
 from .owner import OwnerLock, OwnerLockHeld
-from .reload import SlabReads
+from .reload import SlabReads, blames_entry
 from .slab_dir import check_slab_owner, read_slab_meta, slab_path, write_slab_meta
 from .slab_reader import SlabReader
 from .slot_pool import SlotPool
@@ -185,9 +185,11 @@ class SharedStore:
             raise L3StoreError(f"disks[{self.disk}]: power-loss protection check failed: {e}") from e
 
         self._seq = itertools.count(1)  # one LRU push order across the kinds
+        prior_meta: dict[PayloadKind, dict | None] = {}  # each slab's sidecar as the previous owner left it
         try:
             for kind, pb in kinds.items():
-                self._kinds[kind] = self._open_kind(kind, pb, slot_bytes[kind], nslots[kind.label])
+                self._kinds[kind], prior_meta[kind] = self._open_kind(kind, pb, slot_bytes[kind],
+                                                                      nslots[kind.label])
             self.index = L3Index.open(config.index_path, config.index_map_size)
         except Exception as e:
             self._close_files()
@@ -199,7 +201,7 @@ class SharedStore:
         # Entries of kinds the config sizes alone but that are not open yet wait for add_kind (load_kind).
         deferred = [k for k in map(PayloadKind.parse, config.addable_kinds) if k not in self._kinds]
         try:
-            done = coldstart.apply(mode, self.index, self._keys, rank, self.disk, self._kinds, deferred)
+            done = coldstart.apply(mode, self.index, self._keys, rank, self.disk, self._kinds, prior_meta, deferred)
         except Exception as e:
             self._close_files()
             raise L3StoreError(f"cold_start={mode}: failed for rank {rank}: {type(e).__name__}: {e}") from e
@@ -213,8 +215,11 @@ class SharedStore:
                               kinds=self._kinds, staged=self._staged, counters=self.c)
         self._writer.start()
 
-    def _open_kind(self, kind: PayloadKind, page_bytes: int, slot_bytes: int, num_slots: int) -> KindState:
-        """This rank's slab of one kind (created or checked against its geometry) and its sidecar."""
+    def _open_kind(self, kind: PayloadKind, page_bytes: int, slot_bytes: int,
+                   num_slots: int) -> "tuple[KindState, dict | None]":
+        """This rank's slab of one kind (created or checked against its geometry) and its sidecar, and the sidecar
+        as the previous owner left it (read before it is rewritten here: a ``load`` cold start keeps a slab's
+        entries only if it shows this format and geometry, coldstart.slab_verdict)."""
         config, rank = self.config, self.rank
         path = slab_path(config, rank, kind)
         direct = {"auto": "auto", "on": True, "off": False}[config.direct_io]
@@ -222,6 +227,7 @@ class SharedStore:
         state = KindState(kind, page_bytes, slot_bytes, num_slots, slab, SlotPool(num_slots), PageLRU(self._seq))
         try:
             check_slab_owner(path, config.deployment_id, rank)
+            prior = read_slab_meta(path)
             write_slab_meta(path, {
                 "format_version": FORMAT_VERSION, "kind": kind.label, "slot_bytes": slot_bytes,
                 "num_slots": num_slots, "page_bytes": page_bytes, "deployment_id": config.deployment_id,
@@ -230,13 +236,13 @@ class SharedStore:
         except BaseException:
             slab.close()
             raise
-        return state
+        return state, prior
 
     def add_kind(self, kind, page_bytes: int, timeout: float = 30.0) -> None:
         """Serve one more payload kind from now on (SGLang registers sidecar draft host pools after the storage
         attach). Its slab is sized by the config alone (``L3Config.slots_for_kind``: ``payload_weights``), so it is
         the same slab whether the kind is added later or opened with the others. Under ``load`` its durable pages
-        from before are kept (slot headers checked), as at open. Idempotent for the same page size; loud
+        from before are kept (from the index alone, coldstart.load_kind), as at open. Idempotent for the same page size; loud
         (:class:`L3ConfigError` / :class:`L3StoreError`) for a size it cannot hold or a rule that cannot size it.
         The writer takes the new pool over through its control queue, so it stays the pools' only owner."""
         kind = _parse_kinds({kind: page_bytes}).popitem()[0]
@@ -252,7 +258,7 @@ class SharedStore:
             sb = slot_bytes_for(page_bytes)
             n = self.config.slots_for_kind(self.rank, kind.label, sb)
             try:
-                state = self._open_kind(kind, page_bytes, sb, n)
+                state, prior = self._open_kind(kind, page_bytes, sb, n)
             except (L3StoreError, L3ConfigError):
                 raise
             except Exception as e:
@@ -260,7 +266,8 @@ class SharedStore:
             try:
                 loaded = 0
                 if self.cold_start == "load":
-                    loaded = coldstart.load_kind(self.index, self._keys, self.rank, self.disk, state).loaded_pages
+                    loaded = coldstart.load_kind(self.index, self._keys, self.rank, self.disk, state,
+                                                  prior).loaded_pages
                 self._staging.add_kind(kind, sb)
                 self._reads.add_kind(kind, sb)
                 done = Completion()
@@ -305,16 +312,16 @@ class SharedStore:
             ikeys = [self._ikey(kind, h) if h is not None else None for h in hashes]
             present = iter(self.index.get_many([k for k in ikeys if k is not None]))
             durable = [next(present) is not None if k is not None else False for k in ikeys]
-            pb, pad = st.page_bytes, st.slot_bytes - HEADER_SIZE - st.page_bytes
+            pb = st.page_bytes  # the writer's seal_blob zeroes the pad and writes the header
             if layout is None:
                 def fill(i: int, buf, dst: np.ndarray) -> None:
                     src = page_array(pages[i], writable=False)
                     if src.nbytes != pb:
                         raise ValueError(f"page {i} has {src.nbytes} B, expected {pb}")
-                    np.copyto(dst[HEADER_SIZE:HEADER_SIZE + pb], src)
+                    np.copyto(dst[PAYLOAD_OFFSET:PAYLOAD_OFFSET + pb], src)
             else:
                 def fill(i: int, buf, dst: np.ndarray) -> None:
-                    layout.gather_into(page_indices[i], buf.view, HEADER_SIZE)
+                    layout.gather_into(page_indices[i], buf.view, PAYLOAD_OFFSET)
             # Run.
             staged, staging, c = self._staged, self._staging, self.c
             for i in range(n):
@@ -341,8 +348,6 @@ class SharedStore:
                 try:
                     dst = np.frombuffer(buf.view, dtype=np.uint8)
                     fill(i, buf, dst)
-                    if pad:
-                        dst[HEADER_SIZE + pb:].fill(0)  # no stale bytes of an older page in the pad
                 except Exception:
                     staging.release(kind, buf)
                     c.dropped_bad_input += 1
@@ -390,11 +395,15 @@ class SharedStore:
         """Read each page into ``dsts[i]``: a writable, C-contiguous buffer of at least page_bytes (the page lands
         in its first page_bytes, in memory order). True only if the blob verified AND its bytes are now in the
         caller's buffer. A destination that cannot take the page in place (strided, Fortran-ordered, read-only,
-        too small) is a miss counted in ``reload_bad_dst`` and is left untouched; on any other False the
-        destination's contents are unspecified."""
+        too small) is a miss counted in ``reload_bad_dst`` and is left untouched. On any other False the page's
+        own bytes (``dsts[i][:page_bytes]``) may have been overwritten -- the read lands in place and is verified
+        there (reload.py) -- and nothing outside them is touched: treat the page as not loaded."""
         return self._reload(kind, keys, dsts, None, None)
 
     def reload_into_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int]) -> list[bool]:
+        """Like :meth:`reload_into`, into page ``page_indices[i]`` of a host layout, each slice where it lives (a
+        vectored O_DIRECT read into the layer chunks). On False that page's slices may have been overwritten;
+        other pages and bytes between the slices are never touched."""
         return self._reload(kind, keys, None, layout, page_indices)
 
     def _reload(self, kind, keys, dsts, layout, page_indices) -> list[bool]:
@@ -456,10 +465,7 @@ class SharedStore:
                         return False, ReloadMiss.ERROR
 
                 # Run.
-                if len(jobs) > 1 and self.config.reload_threads > 1:
-                    results = list(self._reads.pool.map(run, jobs))
-                else:
-                    results = [run(job) for job in jobs]
+                results = self._reads.run_all(run, jobs)
             finally:
                 self._staged.give_back(borrowed)
             ts = now_us()
@@ -473,7 +479,9 @@ class SharedStore:
                     touched.append((ikeys[i], Touch(entries[i], ts)))
                 elif why is ReloadMiss.ERROR:
                     self.c.data_path_errors += 1
-                elif why is not ReloadMiss.NO_SLAB:
+                elif why is ReloadMiss.BAD_DST:
+                    self.c.reload_bad_dst += 1
+                elif blames_entry(why):
                     # The entry points at bytes that are not this page: reclaim it (conditionally) via the writer.
                     self.c.verify_failures += 1
                     bad.append((ikeys[i], entries[i]))
@@ -504,16 +512,11 @@ class SharedStore:
         return int(pidx), None
 
     def _reload_one(self, st: KindState, content_hash: bytes, e, dst, layout, pidx) -> tuple[bool, Any]:
-        """Read, verify and deliver one page into a destination the plan accepted (a flat uint8 array, or a
-        layout and page index). Returns (True, OK) or (False, why: a ``BlobCheck`` or ``ReloadMiss``)."""
-        payload, why = self._reads.read(st, content_hash, e)
-        if payload is None:
-            return False, why
+        """Read one page straight into a destination the plan accepted (a flat uint8 array, or a layout and page
+        index) and verify it there. Returns (True, OK) or (False, why: a ``BlobCheck`` or ``ReloadMiss``)."""
         if layout is None:
-            np.copyto(dst[:st.page_bytes], np.frombuffer(payload, dtype=np.uint8))
-        else:
-            layout.scatter_from(pidx, payload)
-        return True, BlobCheck.OK
+            return self._reads.read_into(st, content_hash, e, dst)
+        return self._reads.read_into_layout(st, content_hash, e, layout, pidx)
 
     @staticmethod
     def _copy_staged(st: KindState, page, dst, layout) -> tuple[bool, Any]:
@@ -521,9 +524,9 @@ class SharedStore:
         these bytes never left memory."""
         if layout is None:
             np.copyto(dst[:st.page_bytes], np.frombuffer(page.buf.view, dtype=np.uint8, count=st.page_bytes,
-                                                         offset=HEADER_SIZE))
+                                                         offset=PAYLOAD_OFFSET))
         else:
-            layout.scatter_from(dst, page.buf.view, HEADER_SIZE)
+            layout.scatter_from(dst, page.buf.view, PAYLOAD_OFFSET)
         return True, BlobCheck.OK
 
     def _warn_once(self, what: str, msg: str, *args) -> None:

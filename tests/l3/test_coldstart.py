@@ -1,4 +1,5 @@
-"""Cold start: clear (default) vs load; load rebuilds pools + GC LRU from this rank's own slab headers."""
+"""Cold start: clear (default) vs load; load rebuilds pools + GC LRU from the index entries alone (no slab read),
+and every page it keeps is still verified on read."""
 
 import hashlib
 
@@ -98,21 +99,149 @@ def test_clear_touches_only_this_deployment_and_rank(tmp_path):
             s.close()
 
 
-def test_load_drops_entries_whose_slot_no_longer_holds_the_page(tmp_path):
+def test_load_keeps_entries_without_reading_the_slab_and_a_bad_one_is_a_miss_reclaimed_at_first_read(tmp_path):
     s = opened(tmp_path, "clear")
     spill(s, range(4))
-    # An entry the slab cannot back (a slot never written) and one beyond the slab: both must go at load.
+    # An entry the slab cannot back (a slot never written: a disk that lost an acknowledged write) and one beyond
+    # the slab. The second goes at load; the first is kept (load reads no slab), its slot stays allocated, and
+    # its first reload is a miss that reclaims entry and slot: never wrong bytes.
     dep, ns = s.dep, s.ns
     s.index.put(make_key(dep, ns, K, bytes.fromhex(key(50))), IndexEntry(0, 0, 30, 1))
     s.index.put(make_key(dep, ns, K, bytes.fromhex(key(51))), IndexEntry(0, 0, 10_000, 1))
     s.close()
     s = opened(tmp_path, "load")
     try:
-        assert s.loaded_pages == 4 and s.stale_dropped == 2
-        assert s.exists(K, [key(50)]) == 0 and s.exists(K, [key(51)]) == 0
-        assert s.stats()["slots"]["target_kv"]["used"] == 4
+        assert s.loaded_pages == 5 and s.stale_dropped == 1
+        assert s.exists(K, [key(51)]) == 0 and s.stats()["slots"]["target_kv"]["used"] == 5
+        assert s.reload_into(K, [key(50)], [np.zeros(PB, np.uint8)]) == [False]
+        assert s.flush(30)
+        assert s.exists(K, [key(50)]) == 0 and s.stats()["slots"]["target_kv"]["used"] == 4
+        assert s.stats()["verify_failures"] == 1 and reads_back(s, range(4))
     finally:
         s.close()
+
+
+def test_load_reads_no_slab_bytes_so_its_cost_does_not_grow_with_the_pages(tmp_path, monkeypatch):
+    """Issue 13, item 5: restart cost grows with the index, not with slab reads."""
+    import os
+
+    s = opened(tmp_path, "clear")
+    spill(s, range(30))
+    s.close()
+    reads = []
+    real = os.preadv
+
+    def counting(fd, bufs, offset):
+        reads.append(offset)
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(os, "preadv", counting)
+    s = opened(tmp_path, "load")
+    monkeypatch.undo()
+    try:
+        assert s.loaded_pages == 30
+        assert len(reads) <= 1  # the O_DIRECT probe of the slab at open; nothing per page
+    finally:
+        s.close()
+
+
+def test_two_entries_naming_one_slot_keep_only_the_newest(tmp_path):
+    s = opened(tmp_path, "clear")
+    spill(s, range(3))
+    e = s.index.get(s._ikey(K, bytes.fromhex(key(0))))
+    ghost = make_key(s.dep, s.ns, K, bytes.fromhex(key(60)))  # a delete that never landed: an older commit
+    s.index.put(ghost, IndexEntry(0, 0, e.slot, e.last_access - 1))
+    s.close()
+    s = opened(tmp_path, "load")
+    try:
+        assert s.loaded_pages == 3 and s.stale_dropped == 1 and s.index.get(ghost) is None
+        assert reads_back(s, range(3))
+    finally:
+        s.close()
+
+
+def test_load_drops_every_entry_of_a_slab_it_cannot_vouch_for(tmp_path):
+    """Entries naming a slab that was created by this open (the file was deleted), or whose sidecar is gone or
+    names other geometry, are all dropped: their slots are free, their pages misses."""
+    import json
+    import os
+
+    from sglang_glm_ext.l3.store import slab_path
+
+    for damage in ("deleted", "no_sidecar", "other_page_bytes"):
+        root = tmp_path / damage
+        s = opened(root, "clear")
+        spill(s, range(5))
+        path = slab_path(s.config, 0, K)
+        s.close()
+        if damage == "deleted":
+            os.unlink(path)
+        elif damage == "no_sidecar":
+            os.unlink(path + ".meta.json")
+        else:
+            meta = json.loads(open(path + ".meta.json").read())
+            meta["page_bytes"] = PB - 1
+            open(path + ".meta.json", "w").write(json.dumps(meta))
+        s = opened(root, "load")
+        try:
+            assert s.loaded_pages == 0 and s.stale_dropped == 5, damage
+            assert s.stats()["slots"]["target_kv"]["used"] == 0 and s.index.count() == 0, damage
+        finally:
+            s.close()
+
+
+def test_a_v1_slab_is_discarded_at_load_and_a_v1_blob_is_a_miss_never_served(tmp_path):
+    """The upgrade policy (l3_format.md): a slab whose sidecar says format v1 keeps none of its entries at a load
+    cold start; a v1 blob an entry still names (a sidecar rewritten before the drop committed) reads as
+    old_version, is never served, and its entry is reclaimed."""
+    import json
+
+    from sglang_glm_ext.l3.store import slab_path
+
+    s = opened(tmp_path, "clear")
+    spill(s, range(6))
+    path = slab_path(s.config, 0, K)
+    slot = s.index.get(s._ikey(K, bytes.fromhex(key(0)))).slot
+    s.close()
+    _write_v1_blob(path, slot, key(0), s.ns, page(0))  # slot 0 now holds page 0 as a v1 build wrote it
+    meta = json.loads(open(path + ".meta.json").read())
+    open(path + ".meta.json", "w").write(json.dumps({**meta, "format_version": 1}))
+    s = opened(tmp_path, "load")
+    try:
+        assert s.loaded_pages == 0 and s.stale_dropped == 6 and s.index.count() == 0
+    finally:
+        s.close()
+    # The crash window: entries kept (sidecar already says v2) while a slot still holds a v1 blob.
+    s = opened(tmp_path, "clear")
+    spill(s, range(6))
+    slot = s.index.get(s._ikey(K, bytes.fromhex(key(0)))).slot
+    s.close()
+    _write_v1_blob(path, slot, key(0), s.ns, page(0))
+    s = opened(tmp_path, "load")
+    try:
+        assert s.loaded_pages == 6
+        dst = np.zeros(PB, np.uint8)
+        assert s.reload_into(K, [key(0)], [dst]) == [False]
+        assert s.flush(30) and s.exists(K, [key(0)]) == 0 and s.stats()["verify_failures"] == 1
+        assert reads_back(s, range(1, 6))
+    finally:
+        s.close()
+
+
+def _write_v1_blob(path, slot, key_hex, ns, payload):
+    """Slot ``slot`` as a format-v1 build wrote it: header at the slot's start, payload behind, zero pad."""
+    import struct
+
+    import xxhash
+
+    raw = bytearray(SLOT)
+    struct.pack_into("<8sHBBI32sQQ16s40s", raw, 0, b"GLML3BLB", 1, int(K), 0, 0, bytes.fromhex(key_hex),
+                     len(payload), xxhash.xxh3_64_intdigest(payload.tobytes()), ns, bytes(40))
+    struct.pack_into("<Q", raw, 120, xxhash.xxh3_64_intdigest(bytes(raw[:120])))
+    raw[128:128 + len(payload)] = payload.tobytes()
+    with open(path, "r+b") as f:
+        f.seek(slot * SLOT)
+        f.write(raw)
 
 
 def test_load_rebuilds_the_gc_lru_from_durable_last_access(tmp_path):
@@ -239,3 +368,36 @@ def test_slabs_of_a_build_without_deployment_identity_become_misses_and_are_recl
             assert s.reload_into(K, [key(0)], [np.zeros(PB, np.uint8)]) == [False]
         finally:
             s.close()
+
+
+def test_load_pauses_the_cyclic_gc_only_while_it_runs_and_restores_it_as_it_was(tmp_path, monkeypatch):
+    """The load builds a few tuples per entry with the cyclic GC paused (its passes were most of the load's time);
+    the process's GC state is what it was before, whichever it was, even when the load fails."""
+    import gc
+
+    from sglang_glm_ext.l3 import coldstart
+
+    s = opened(tmp_path, "clear")
+    spill(s, range(3))
+    s.close()
+    seen = []
+    real = coldstart._keep
+
+    def spy(*a, **k):
+        seen.append(gc.isenabled())
+        return real(*a, **k)
+
+    monkeypatch.setattr(coldstart, "_keep", spy)
+    was = gc.isenabled()
+    try:
+        for enabled in (True, False):
+            gc.enable() if enabled else gc.disable()
+            opened(tmp_path, "load").close()
+            assert gc.isenabled() is enabled and seen[-1] is False
+        gc.enable()
+        monkeypatch.setattr(coldstart, "_keep", lambda *a, **k: 1 / 0)
+        with pytest.raises(Exception):
+            opened(tmp_path, "load")
+        assert gc.isenabled()
+    finally:
+        gc.enable() if was else gc.disable()

@@ -53,15 +53,26 @@ def test_bytes_follow_pages_and_clear_resets_no_counter(store):
 
 
 class _BlockingLayout:
-    """A one-page-per-call host layout whose scatter waits: a reload is provably in flight while it waits."""
+    """A host layout whose read path waits: a reload is provably in flight while it waits. A durable page is read
+    straight into the layout's spans (page_spans, issue 13), a staged one scattered from staging: both wait."""
 
     def __init__(self, inner: PageLayout):
-        self.inner, self.num_pages = inner, inner.num_pages
+        self.inner, self.num_pages, self.page_bytes = inner, inner.num_pages, inner.page_bytes
         self.entered, self.release = threading.Event(), threading.Event()
 
-    def scatter_from(self, *args):
+    def _wait(self):
         self.entered.set()
         assert self.release.wait(10)
+
+    def page_spans(self, *args):
+        self._wait()
+        return self.inner.page_spans(*args)
+
+    def read_plan(self, *args):
+        return self.inner.read_plan(*args)
+
+    def scatter_from(self, *args):
+        self._wait()
         return self.inner.scatter_from(*args)
 
     def gather_into(self, *args):

@@ -24,14 +24,14 @@ SLOT = F.slot_bytes_for(PAYLOAD_LEN)
 def blob(seed: int, key: str = "ab" * 32) -> "tuple[AlignedBuffer, bytes]":
     payload = bytes((seed * 7 + i) % 251 for i in range(PAYLOAD_LEN))
     buf = AlignedBuffer(SLOT)
-    buf.view[F.HEADER_SIZE:F.HEADER_SIZE + PAYLOAD_LEN] = payload
+    buf.view[F.PAYLOAD_OFFSET:F.PAYLOAD_OFFSET + PAYLOAD_LEN] = payload
     F.seal_blob(buf, kind="target_kv", content_hash=key, ns_digest=NS, payload_len=PAYLOAD_LEN)
     return buf, payload
 
 
 def read_verified(slab, slot, key="ab" * 32):
     out = AlignedBuffer(SLOT)
-    slab.read_slot_into(slot, out, F.HEADER_SIZE + PAYLOAD_LEN)
+    slab.read_slot_into(slot, out, SLOT)  # a v2 blob is the whole slot: payload first, header last
     got, reason = F.verify_blob_reason(out, kind="target_kv", content_hash=key, ns_digest=NS)
     return (bytes(got) if got is not None else None), reason
 
@@ -88,33 +88,33 @@ def test_tmpfs_mode_is_reported_consistently():
 def test_unaligned_destination_goes_through_bounce_byte_exact(slab):
     buf, payload = blob(5)
     slab.write_slot(2, buf)
-    n = F.HEADER_SIZE + PAYLOAD_LEN
+    n = PAYLOAD_LEN
     backing = bytearray(n + 1 + 64)
     dst = memoryview(backing)[1:1 + n + 64]  # odd address
     dst[n:] = b"\xee" * 64
     slab.read_slot_into(2, dst, n)
     assert slab.counters["bounce_reads"] == 1 and slab.counters["direct_reads"] == 0
-    assert bytes(dst[F.HEADER_SIZE:n]) == payload
+    assert bytes(dst[:n]) == payload
     assert bytes(dst[n:]) == b"\xee" * 64  # the rounded-up read never spills past nbytes
 
 
 def test_aligned_but_too_short_destination_uses_bounce(slab):
     buf, payload = blob(6)
     slab.write_slot(3, buf)
-    n = F.HEADER_SIZE + PAYLOAD_LEN
+    n = PAYLOAD_LEN
     with AlignedBuffer(n) as dst:  # aligned, but no room for roundup(n, BLOCK)
         slab.read_slot_into(3, dst, n)
-        assert bytes(dst.view[F.HEADER_SIZE:]) == payload
+        assert bytes(dst.view) == payload
     assert slab.counters["bounce_reads"] == 1
 
 
 def test_caller_supplied_bounce_buffer(slab):
     buf, payload = blob(7)
     slab.write_slot(0, buf)
-    dst = bytearray(F.HEADER_SIZE + PAYLOAD_LEN)
+    dst = bytearray(PAYLOAD_LEN)
     with AlignedBuffer(SLOT) as bounce:
         slab.read_slot_into(0, dst, len(dst), bounce=bounce)
-    assert bytes(dst[F.HEADER_SIZE:]) == payload
+    assert bytes(dst) == payload
     with pytest.raises(ValueError):
         slab.read_slot_into(0, dst, len(dst), bounce=AlignedBuffer(4096))
 
@@ -278,7 +278,9 @@ def test_fail_write_after_n(slab):
 
 
 @pytest.mark.parametrize("report", ["error", "success"])
-def test_torn_write_reads_back_as_miss(slab, report):
+def test_a_torn_write_over_another_page_is_a_miss(slab, report):
+    """The new payload's first half landed, the previous occupant's second half and trailer header survived: that
+    header names the old page, so the slot never verifies for the new key (nor, its payload mixed, for the old)."""
     old, _ = blob(12, key="11" * 32)
     slab.write_slot(4, old)
     new, payload = blob(13)
@@ -288,6 +290,36 @@ def test_torn_write_reads_back_as_miss(slab, report):
             slab.write_slot(4, new)
     else:
         slab.write_slot(4, new)  # the lying drive: acked, tail lost
+    slab.inject_write_fault(None)
+    assert read_verified(slab, 4) == (None, "hash_mismatch")
+    assert read_verified(slab, 4, key="11" * 32) == (None, "payload_checksum")
+
+
+def test_a_torn_write_over_the_same_page_is_a_miss(slab):
+    """The previous occupant was the same page with other bytes (a page freed and stored again): its surviving
+    header names the right key, but its checksum covers bytes that are now half new."""
+    old, _ = blob(20)
+    slab.write_slot(4, old)
+    new, _ = blob(21)
+    slab.inject_write_fault(D.torn_write(SLOT // 2, report="success"))
+    slab.write_slot(4, new)
+    slab.inject_write_fault(None)
+    assert read_verified(slab, 4) == (None, "payload_checksum")
+
+
+def test_a_write_whose_head_was_lost_is_a_miss(slab):
+    """Blocks may reach the media in any order: the new trailer header landed, the payload's start did not."""
+    old, _ = blob(22, key="11" * 32)
+    slab.write_slot(4, old)
+    new, _ = blob(23)
+
+    def tail_only(fd, data, offset):
+        half = len(data) // 2 // 4096 * 4096
+        os.pwrite(fd, memoryview(data)[half:], offset + half)
+        return len(data)
+
+    slab.inject_write_fault(tail_only)
+    slab.write_slot(4, new)
     slab.inject_write_fault(None)
     assert read_verified(slab, 4) == (None, "payload_checksum")
 
@@ -342,7 +374,7 @@ def test_concurrent_bounce_reads_do_not_share_a_buffer(slab):
     errors = []
 
     def reader(slot):
-        n = F.HEADER_SIZE + PAYLOAD_LEN
+        n = SLOT
         backing = bytearray(n + 1)
         for _ in range(200):
             dst = memoryview(backing)[1:]

@@ -15,8 +15,23 @@ KEY = "0123456789abcdef" * 4
 
 def make_blob(payload: bytes, *, kind=F.PayloadKind.TARGET_KV, key=KEY, ns=NS) -> bytearray:
     buf = bytearray(F.slot_bytes_for(len(payload)))
-    buf[F.HEADER_SIZE:F.HEADER_SIZE + len(payload)] = payload
+    buf[F.PAYLOAD_OFFSET:F.PAYLOAD_OFFSET + len(payload)] = payload
     F.seal_blob(buf, kind=kind, content_hash=key, ns_digest=ns.digest(), payload_len=len(payload))
+    return buf
+
+
+def hdr(buf) -> int:
+    """Where a v2 slot image's header starts."""
+    return len(buf) - F.HEADER_SIZE
+
+
+def make_v1_blob(payload: bytes, *, key=KEY, ns=NS) -> bytearray:
+    """A slot as format v1 (earlier builds) wrote it, byte for byte: the header in front of the payload."""
+    buf = bytearray(F.slot_bytes_for(len(payload)))
+    buf[128:128 + len(payload)] = payload
+    struct.pack_into("<8sHBBI32sQQ16s40s", buf, 0, b"GLML3BLB", 1, 1, 0, 0, bytes.fromhex(key), len(payload),
+                     xxhash.xxh3_64_intdigest(payload), ns.digest(), bytes(40))
+    struct.pack_into("<Q", buf, 120, xxhash.xxh3_64_intdigest(bytes(buf[:120])))
     return buf
 
 
@@ -30,7 +45,8 @@ def test_header_is_fixed_size_and_block_math():
     assert F.HEADER_SIZE == 128 and F.BLOCK == 4096
     glm5_page = 64 * 78 * 656
     assert glm5_page == 3_274_752
-    assert F.slot_bytes_for(glm5_page) == 800 * 4096  # header fits in the page's last partial block
+    assert F.slot_bytes_for(glm5_page) == 800 * 4096  # the trailer fits in the page's last partial block
+    assert F.PAYLOAD_OFFSET == 0 and F.header_offset(800 * 4096) == 800 * 4096 - 128
     assert F.slot_bytes_for(0) == 4096
     assert F.slot_bytes_for(4096 - 128) == 4096
     assert F.slot_bytes_for(4096 - 127) == 8192
@@ -42,8 +58,11 @@ def test_roundtrip_returns_exact_payload():
     payload = bytes(random.Random(1).randbytes(10_000))
     got, reason = verify(make_blob(payload))
     assert reason == "ok" and bytes(got) == payload
-    header = F.parse_header(make_blob(payload))
-    assert header.version == F.FORMAT_VERSION and header.kind is F.PayloadKind.TARGET_KV
+    blob = make_blob(payload)
+    assert bytes(blob[:len(payload)]) == payload  # the payload is the slot's first bytes (a direct read's target)
+    header = F.parse_header(blob[hdr(blob):])
+    assert header.version == F.FORMAT_VERSION == 2 and header.kind is F.PayloadKind.TARGET_KV
+    assert header.slot_bytes == len(blob)
     assert header.payload_len == len(payload) and header.content_hash == bytes.fromhex(KEY)
     assert header.payload_checksum == xxhash.xxh3_64_intdigest(payload)
 
@@ -51,7 +70,7 @@ def test_roundtrip_returns_exact_payload():
 def test_works_with_aligned_buffer():
     payload = b"x" * 5000
     with AlignedBuffer(F.slot_bytes_for(len(payload))) as buf:
-        buf.view[F.HEADER_SIZE:F.HEADER_SIZE + len(payload)] = payload
+        buf.view[F.PAYLOAD_OFFSET:F.PAYLOAD_OFFSET + len(payload)] = payload
         F.seal_blob(buf, kind="draft_kv", content_hash=KEY, ns_digest=NS.digest(), payload_len=len(payload))
         got = F.verify_blob(buf, kind=F.PayloadKind.DRAFT_KV, content_hash=KEY, ns_digest=NS.digest())
         assert bytes(got) == payload
@@ -82,24 +101,48 @@ def test_zeroed_slot_is_empty_miss():
 
 def test_unknown_version_is_a_miss_with_reason():
     buf = make_blob(b"v" * 100)
-    struct.pack_into("<H", buf, 8, F.FORMAT_VERSION + 1)
-    assert F.parse_header_reason(buf) == (None, "unknown_version")
+    struct.pack_into("<H", buf, hdr(buf) + 8, F.FORMAT_VERSION + 1)
+    assert F.parse_header_reason(buf[hdr(buf):]) == (None, "unknown_version")
     assert verify(buf) == (None, "unknown_version")
+
+
+def test_a_v1_blob_is_an_old_version_miss_never_served():
+    """The upgrade policy (l3_format.md): a v1 slot -- header in front, payload behind -- is recognised and named,
+    and never returns its payload, however intact."""
+    payload = bytes(random.Random(9).randbytes(3000))
+    v1 = make_v1_blob(payload)
+    assert verify(v1) == (None, "old_version")
+    assert F.is_old_header(v1) and not F.is_old_header(make_blob(payload))
+    assert F.parse_header_reason(v1) == (None, "old_version")  # a v1 header handed over directly
+    assert F.slot_header_reason(v1[:128], v1[hdr(v1):]) == (None, "old_version")
+    # a v1 header whose checksum fails is just bytes: the trailer's own verdict stands
+    bad = bytearray(v1)
+    bad[20] ^= 1
+    assert verify(bad) == (None, "empty")
 
 
 def test_unknown_must_understand_flag_is_a_miss():
     buf = make_blob(b"f" * 100)
-    struct.pack_into("<I", buf, 12, 1)
-    # re-seal the header checksum so only the flag differs from a valid v1 header
-    struct.pack_into("<Q", buf, 120, xxhash.xxh3_64_intdigest(bytes(buf[:120])))
-    assert F.parse_header_reason(buf) == (None, "unknown_flags")
+    h = hdr(buf)
+    struct.pack_into("<I", buf, h + 12, 1)
+    # re-seal the header checksum so only the flag differs from a valid v2 header
+    struct.pack_into("<Q", buf, h + 120, xxhash.xxh3_64_intdigest(bytes(buf[h:h + 120])))
+    assert F.parse_header_reason(buf[h:]) == (None, "unknown_flags")
 
 
 def test_unknown_kind_is_a_miss():
     buf = make_blob(b"k" * 100)
-    buf[10] = 99
-    struct.pack_into("<Q", buf, 120, xxhash.xxh3_64_intdigest(bytes(buf[:120])))
-    assert F.parse_header_reason(buf) == (None, "unknown_kind")
+    h = hdr(buf)
+    buf[h + 10] = 99
+    struct.pack_into("<Q", buf, h + 120, xxhash.xxh3_64_intdigest(bytes(buf[h:h + 120])))
+    assert F.parse_header_reason(buf[h:]) == (None, "unknown_kind")
+
+
+def test_a_header_that_closes_another_slot_size_is_a_miss():
+    small = make_blob(b"s" * 100)  # a 4 KiB slot's image...
+    big = bytearray(8192)
+    big[8192 - 4096:] = small  # ...found at the end of an 8 KiB slot: its header names 4096, not this slot
+    assert verify(big) == (None, "length_mismatch")
 
 
 def test_garbage_is_bad_magic_and_never_raises():
@@ -114,10 +157,13 @@ def test_torn_write_half_slot_is_a_miss():
     old = make_blob(bytes(random.Random(3).randbytes(len(payload))), key="a" * 64)
     new = make_blob(payload)
     torn = bytearray(old)
-    torn[: len(new) // 2] = new[: len(new) // 2]  # new header + first half of new payload, old tail
+    torn[: len(new) // 2] = new[: len(new) // 2]  # first half of the new payload, old tail and old header
+    assert verify(torn) == (None, "hash_mismatch")  # the surviving header names the previous occupant
+    assert verify(torn, content_hash="a" * 64) == (None, "payload_checksum")
+    torn = bytearray(old)
+    torn[len(new) // 2:] = new[len(new) // 2:]  # the new header landed, the payload's start did not
     assert verify(torn) == (None, "payload_checksum")
-    truncated = new[: F.HEADER_SIZE + len(payload) - 1]
-    assert verify(truncated) == (None, "truncated")
+    assert verify(new[:-1]) == (None, "bad_magic")  # not a whole slot: no header where one must be
 
 
 def test_random_bit_flips_never_return_wrong_bytes():
@@ -125,13 +171,13 @@ def test_random_bit_flips_never_return_wrong_bytes():
     rng = random.Random(20251130)
     payload = bytes(rng.randbytes(2048))
     clean = make_blob(payload)
-    span = F.HEADER_SIZE + len(payload)
+    covered = list(range(len(payload))) + list(range(hdr(clean), len(clean)))  # payload + header, not the pad
     misses = exact = 0
     for _ in range(5000):
         buf = bytearray(clean)
         for _ in range(rng.randint(1, 3)):
-            bit = rng.randrange(span * 8)
-            buf[bit // 8] ^= 1 << (bit % 8)
+            bit = rng.randrange(len(covered) * 8)
+            buf[covered[bit // 8]] ^= 1 << (bit % 8)
         got, reason = verify(buf)
         if got is None:
             misses += 1
@@ -147,7 +193,7 @@ def test_header_flip_in_every_field_is_detected():
     buf = make_blob(b"h" * 500)
     for byte in range(F.HEADER_SIZE):
         flipped = bytearray(buf)
-        flipped[byte] ^= 0x10
+        flipped[hdr(buf) + byte] ^= 0x10
         assert verify(flipped)[0] is None, f"flip in header byte {byte} went unnoticed"
 
 
@@ -201,7 +247,8 @@ def test_on_disk_encoding_is_pinned():
     assert NS.digest_for("prod").hex() == PINNED_DEPLOYMENT_DIGEST
     buf = bytearray(F.HEADER_SIZE)
     F.encode_header_into(buf, 0, kind=1, content_hash="00" * 32, payload_len=5, payload_checksum=7,
-                         ns_digest=bytes(16))
-    assert buf[:8] == b"GLML3BLB" and buf[8:12] == b"\x01\x00\x01\x00"
+                         ns_digest=bytes(16), slot_bytes=4096)
+    assert buf[:8] == b"GLML3BLB" and buf[8:12] == b"\x02\x00\x01\x00"
     assert struct.unpack_from("<QQ", buf, 48) == (5, 7)
-    assert buf[120:].hex() == "5c8477e6dd2f73d2"
+    assert struct.unpack_from("<Q", buf, 80) == (4096,)
+    assert buf[120:].hex() == "5d96bfacf2c220b8"

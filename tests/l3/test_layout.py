@@ -67,12 +67,12 @@ def test_layer_first_split_over_buffers_roundtrip_byte_exact():
         assert not np.delete(got, 4, axis=1).any()  # neighbouring pages untouched
 
 
-def test_gather_straight_after_header_in_aligned_slot_then_verify():
+def test_gather_straight_into_the_slot_image_then_verify():
     n_layers, pages, sb = 4, 3, 5000
     host = rand(n_layers * pages * sb)
     layout = PageLayout.layer_first(host, n_layers=n_layers, slice_bytes=sb, num_pages=pages)
     with AlignedBuffer(F.slot_bytes_for(layout.page_bytes)) as slot:
-        layout.gather_into(1, slot, F.HEADER_SIZE)
+        layout.gather_into(1, slot, F.PAYLOAD_OFFSET)
         ns = F.Namespace("m", "fp8", "layer_first", 64, 0, n_layers, "tp0of1").digest()
         F.seal_blob(slot, kind="target_kv", content_hash="ee" * 32, ns_digest=ns, payload_len=layout.page_bytes)
         payload = F.verify_blob(slot, kind="target_kv", content_hash="ee" * 32, ns_digest=ns)

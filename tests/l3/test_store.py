@@ -280,7 +280,9 @@ def test_random_bit_flips_are_misses_never_wrong_bytes(store):
     for t in range(trials):
         spill_durable(store, [t], salt="bf")
         slot = store.locate(K, key(t, "bf"))[2]
-        off = int(rng.integers(0, HEADER_SIZE + PB))  # header or payload, never the unread pad
+        off = int(rng.integers(0, PB + HEADER_SIZE))  # payload or header, never the unread pad
+        if off >= PB:  # format v2: the header is the slot's last HEADER_SIZE bytes
+            off += SLOT - HEADER_SIZE - PB
         _flip(path, slot * SLOT + off, int(rng.integers(0, 8)))
         ok = store.reload_into(K, [key(t, "bf")], [dst])
         if ok[0]:
@@ -666,27 +668,28 @@ def test_a_stale_verify_failure_never_deletes_a_newer_entry_for_the_same_slot(st
     e2 = store.index.get(store._ikey(K, bytes.fromhex(key(7))))
     assert e2.slot == e1.slot and e2.last_access > e1.last_access
 
-    real_get_many, real_read = store.index.get_many, store_mod.ReadOnlySlab.read_slot_into
+    real_get_many, real_read = store.index.get_many, store_mod.ReadOnlySlab.read_spans
     monkeypatch.setattr(store.index, "get_many", lambda keys: [e1])  # the reader's snapshot from before the free
 
-    def torn(self, slot, dst, nbytes):
-        got = real_read(self, slot, dst, nbytes)
-        dst.view[HEADER_SIZE + 5] ^= 0xFF  # read raced a rewrite: the payload checksum fails
+    def torn(self, slot, spans, plan, bounce):
+        got = real_read(self, slot, spans, plan, bounce)
+        view, at = spans.views[0], spans.starts[0] + 5
+        view[at] ^= 0xFF  # read raced a rewrite: the payload checksum fails
         return got
 
-    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_slot_into", torn)
+    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_spans", torn)
     assert store.reload_into(K, [key(7)], [np.zeros(PB, np.uint8)]) == [False]
     monkeypatch.setattr(store.index, "get_many", real_get_many)
-    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_slot_into", real_read)
+    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_spans", real_read)
     assert store.flush(30)
     assert store.stats()["verify_failures"] == 1
     assert store.index.get(store._ikey(K, bytes.fromhex(key(7)))) == e2  # the newer entry survived
     out = np.zeros(PB, np.uint8)
     assert store.reload_into(K, [key(7)], [out]) == [True] and np.array_equal(out, page(7))
     # A verify failure against the CURRENT entry still reclaims it (the slot really holds bad bytes).
-    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_slot_into", torn)
+    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_spans", torn)
     assert store.reload_into(K, [key(7)], [np.zeros(PB, np.uint8)]) == [False]
-    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_slot_into", real_read)
+    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_spans", real_read)
     assert store.flush(30)
     assert store.exists(K, [key(7)]) == 0 and store.stats()["slots"]["target_kv"]["used"] == 0
 

@@ -151,3 +151,34 @@ def test_adding_a_kind_while_other_kinds_are_written_and_read(tmp_path):
         spill(s, DRAFT, [9])  # after the flood (which may fill staging: a counted drop, not an error)
         assert not errors and s.flush(30) and served(s, DRAFT, [9])
         assert s.stats()["data_path_errors"] == 0
+
+
+def test_a_late_kind_is_loaded_from_the_index_alone_and_a_v1_slab_of_it_is_discarded(tmp_path, monkeypatch):
+    """Issue 13 for kinds added after open (load_kind): no slab byte is read to keep their entries, and a slab of
+    the old format (its sidecar says v1) keeps none of them, as at open."""
+    import json
+    import os
+
+    from sglang_glm_ext.l3.store import slab_path
+
+    c = cfg(tmp_path)
+    with open_store(c, (KV, IDX)) as s:
+        s.add_kind(DRAFT, PB[DRAFT])
+        for kind in (KV, IDX, DRAFT):
+            spill(s, kind, range(4))
+        assert s.flush(30)
+    with open_store(cfg(tmp_path), (KV, IDX)) as s2:
+        reads, real = [], os.preadv
+        monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: reads.append(off) or real(fd, bufs, off))
+        s2.add_kind(DRAFT, PB[DRAFT])
+        monkeypatch.undo()
+        assert s2.stats()["cold_start_loaded_pages"] == 12 and len(reads) <= 1  # the O_DIRECT probe at open only
+        assert served(s2, DRAFT, range(4))
+    meta_path = slab_path(c, 0, DRAFT) + ".meta.json"
+    meta = json.loads(open(meta_path).read())
+    open(meta_path, "w").write(json.dumps({**meta, "format_version": 1}))
+    with open_store(cfg(tmp_path), (KV, IDX)) as s3:
+        s3.add_kind(DRAFT, PB[DRAFT])
+        assert s3.stats()["cold_start_loaded_pages"] == 8  # KV and IDX kept; the v1 draft slab's four dropped
+        assert s3.stats()["slots"]["draft_kv"]["used"] == 0
+        assert s3.exists(DRAFT, [key(i) for i in range(4)]) == 0 and served(s3, KV, range(4))

@@ -13,8 +13,8 @@ its payload kind added to the open store (``L3Store.add_kind``) or is refused th
 Call map (run, no decisions left):
 
 * KV pages, zero-copy v1 (``interface_v1``): ``batch_set_v1`` -> ``L3Store.spill_from_layout`` (gather straight
-  from the host pool into the engine's staging), ``batch_get_v1`` -> ``reload_into_layout`` (verify, scatter
-  straight into the host pool), ``batch_exists`` -> ``exists``. A page is visible to both as soon as
+  from the host pool into the engine's staging), ``batch_get_v1`` -> ``reload_into_layout`` (O_DIRECT
+  straight into each layer chunk / page of the host pool, verified there), ``batch_exists`` -> ``exists``. A page is visible to both as soon as
   ``batch_set`` returned: the store serves it from staging until it is durable.
 * DSA indexer (and sidecar draft) pools, v2 in the same batch under the same keys: ``batch_set_v2`` /
   ``batch_get_v2`` / ``batch_exists_v2`` on the pool's own payload kind. A sidecar draft pool's keys are bound to

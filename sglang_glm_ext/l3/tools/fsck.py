@@ -7,13 +7,19 @@ Categories (counted per slab and in total):
 * orphan_index    index entry -> slot that does not hold that page (other page, empty, bad header, out of range,
                   slab missing); serving it would be a miss, never bytes, but it wastes the entry
 * orphan_slot     slot with a valid header that no index entry points at (inert; overwritten on reuse)
-* unknown_version header written by another format version (a miss for this version; see l3_format.md)
+* unknown_version header written by a format version this build does not know (a newer server's blob: a miss
+                  here, not corruption, never dropped; see l3_format.md)
+* old_version     a blob of an earlier format (v1: header in front of the payload). This build never serves one;
+                  a ``load`` cold start drops the entries of an old-format slab, ``--repair`` drops the entries
+                  that name one. Not corruption: the exit code ignores it
+* old_version_slabs  slabs whose sidecar says an earlier format (the previous owner was a v1 build): a
+                  ``load`` cold start keeps none of their entries; not corruption (the exit code ignores it)
 * empty           never-written slots
 * damaged_index   keys found out of sorted order, or values that are not entries, in the deployment's range (a
                   damaged LMDB page). Every entry is still checked (the scan walks past damage); the page itself
                   cannot be repaired here: stop the node's servers and move the index aside (L3 starts cold)
 
-``--repair`` drops corrupt and orphan_index entries, conditionally (only if the entry still names the same
+``--repair`` drops corrupt, orphan_index and old_version entries, conditionally (only if the entry still names the same
 location, so a live server's newer write is never removed). Slabs are only read, never written.
 
 Exit code (``fsck_main``): 0 clean; 1 problems found and all repaired; 2 corruption or orphaned entries left,
@@ -31,7 +37,8 @@ from dataclasses import asdict, dataclass, field
 
 from ..aligned import AlignedBuffer
 from ..config import L3Config, L3ConfigError
-from ..format import BLOCK, BlobCheck, PayloadKind, parse_header_reason, verify_blob_reason
+from ..format import (FORMAT_VERSION, OLD_FORMAT_VERSIONS, BlobCheck, PayloadKind, check_header, parse_header_reason,
+                      slot_header_reason, verify_blob_reason)
 from ..index import IndexEntry, L3Index, deployment_tag, split_key
 from ..slab_dir import read_slab_meta, slab_path
 from ..slab_reader import SlabReader
@@ -49,6 +56,8 @@ class FsckReport:
     orphan_index: int = 0
     orphan_slot: int = 0
     unknown_version: int = 0
+    old_version: int = 0
+    old_version_slabs: int = 0
     empty: int = 0
     damaged_index: int = 0
     slabs_scanned: int = 0
@@ -76,7 +85,8 @@ class FsckReport:
     def render(self) -> str:
         lines = [f"L3 fsck deployment={self.deployment_id} slabs={self.slabs_scanned}",
                  f"  live={self.live} corrupt={self.corrupt} orphan_index={self.orphan_index} "
-                 f"orphan_slot={self.orphan_slot} unknown_version={self.unknown_version} empty={self.empty} "
+                 f"orphan_slot={self.orphan_slot} unknown_version={self.unknown_version} "
+                 f"old_version={self.old_version} old_version_slabs={self.old_version_slabs} empty={self.empty} "
                  f"damaged_index={self.damaged_index}"]
         if self.repair:
             lines.append(f"  repaired (index entries dropped): {self.repaired}")
@@ -137,23 +147,22 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                         _note(rep, f"{path}: entry points at slot {e.slot} beyond {num_slots}", max_problems)
                         continue
                     referenced.add((rank, disk, kv, e.slot))
-                    n = BLOCK if headers_only else slot_bytes
+                    k = split_key(key)
                     try:
-                        rd.read_slot_into(e.slot, buf, n)
+                        if headers_only:
+                            hdr, reason = slot_header_reason(*rd.read_headers(e.slot))
+                            if hdr is not None:
+                                reason = check_header(hdr, kind=kind, content_hash=k.content_hash,
+                                                      ns_digest=k.namespace, payload_len=None, slot_bytes=slot_bytes)
+                        else:
+                            rd.read_slot_into(e.slot, buf, slot_bytes)
+                            reason = verify_blob_reason(buf.view, kind=kind, content_hash=k.content_hash,
+                                                        ns_digest=k.namespace)[1]
                     except OSError as ex:
                         rep.corrupt += 1
                         to_drop.append((key, e))
                         _note(rep, f"{path} slot {e.slot}: read error {ex}", max_problems)
                         continue
-                    k = split_key(key)
-                    if headers_only:
-                        hdr, reason = parse_header_reason(buf.view[:BLOCK])
-                        if hdr is not None and (hdr.kind != kind or hdr.content_hash != k.content_hash
-                                                or hdr.ns_digest != k.namespace):
-                            reason = BlobCheck.HASH_MISMATCH
-                    else:
-                        reason = verify_blob_reason(buf.view, kind=kind, content_hash=k.content_hash,
-                                                    ns_digest=k.namespace)[1]
                     if reason is BlobCheck.OK:
                         rep.live += 1
                     elif reason in _CORRUPT_REASONS:
@@ -163,6 +172,11 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                     elif reason is BlobCheck.UNKNOWN_VERSION:
                         rep.unknown_version += 1
                         _note(rep, f"{path} slot {e.slot}: unknown format version", max_problems)
+                    elif reason is BlobCheck.OLD_VERSION:
+                        rep.old_version += 1
+                        to_drop.append((key, e))
+                        _note(rep, f"{path} slot {e.slot}: old format version (never served; dropped by a load "
+                                   f"cold start or --repair)", max_problems)
                     else:
                         rep.orphan_index += 1
                         to_drop.append((key, e))
@@ -171,39 +185,45 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                 rd.close()
                 _close(buf)
 
-        # Slot pass: every slab of every configured rank, header only.
-        hbuf = AlignedBuffer(BLOCK)
-        try:
-            for rank in range(config.num_ranks):
-                disk = config.disk_for_rank(rank)
-                for kind in PayloadKind:
-                    path = slab_path(config, rank, kind, disk)
-                    meta = read_slab_meta(path)
-                    if meta is None or not os.path.exists(path):
-                        continue
-                    rep.slabs_scanned += 1
-                    rd = SlabReader(path, int(meta["slot_bytes"]), num_slots=int(meta["num_slots"]), tolerant=True)
-                    try:
-                        for slot in range(rd.num_slots):  # what the file holds
-                            if (rank, disk, int(kind), slot) in referenced:
-                                continue
-                            try:
-                                rd.read_slot_into(slot, hbuf, BLOCK)
-                            except OSError:
-                                continue
-                            hdr, reason = parse_header_reason(hbuf.view)
-                            if reason is BlobCheck.EMPTY:
-                                rep.empty += 1
-                            elif reason is BlobCheck.UNKNOWN_VERSION:
-                                rep.unknown_version += 1
-                            elif hdr is not None:
-                                rep.orphan_slot += 1
-                            else:
-                                rep.empty += 1  # garbage in a never-referenced slot is as inert as zeros
-                    finally:
-                        rd.close()
-        finally:
-            _close(hbuf)
+        # Slot pass: every slab of every configured rank, headers only (the trailer; the slot start only where the
+        # trailer holds no v2 header, to name a v1 blob).
+        for rank in range(config.num_ranks):
+            disk = config.disk_for_rank(rank)
+            for kind in PayloadKind:
+                path = slab_path(config, rank, kind, disk)
+                meta = read_slab_meta(path)
+                if meta is None or not os.path.exists(path):
+                    continue
+                rep.slabs_scanned += 1
+                version = meta.get("format_version")
+                if isinstance(version, int) and version in OLD_FORMAT_VERSIONS:
+                    rep.old_version_slabs += 1
+                    _note(rep, f"{path}: format v{version} slab (sidecar); this build serves v{FORMAT_VERSION} and "
+                               f"never reads its blobs: a load cold start drops its entries, its slots are reused",
+                          max_problems)
+                rd = SlabReader(path, int(meta["slot_bytes"]), num_slots=int(meta["num_slots"]), tolerant=True)
+                try:
+                    for slot in range(rd.num_slots):  # what the file holds
+                        if (rank, disk, int(kind), slot) in referenced:
+                            continue
+                        try:
+                            hdr, reason = parse_header_reason(rd.read_header(slot))
+                            if hdr is None and reason in (BlobCheck.EMPTY, BlobCheck.BAD_MAGIC):
+                                hdr, reason = slot_header_reason(*rd.read_headers(slot))
+                        except OSError:
+                            continue
+                        if reason is BlobCheck.EMPTY:
+                            rep.empty += 1
+                        elif reason is BlobCheck.UNKNOWN_VERSION:
+                            rep.unknown_version += 1
+                        elif reason is BlobCheck.OLD_VERSION:
+                            rep.old_version += 1
+                        elif hdr is not None:
+                            rep.orphan_slot += 1
+                        else:
+                            rep.empty += 1  # garbage in a never-referenced slot is as inert as zeros
+                finally:
+                    rd.close()
 
         if repair and to_drop:
             # Exact: only the entry version this scan judged is dropped, so a live server's newer commit of the

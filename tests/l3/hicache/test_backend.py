@@ -527,3 +527,37 @@ def test_the_namespace_the_backend_names_is_the_digest_every_blob_is_sealed_with
         assert be.config.deployment_id not in be.namespace.to_namespace().canonical().decode()
     finally:
         be.close()
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first"])
+def test_glm5_host_pools_are_read_straight_into_their_pages_with_no_payload_copy(tmp_path, layout):
+    """Issue 13 through the backend: SGLang's own GLM-5-shaped DSA host pools (656 B rows, 64-token pages: 41,984 B
+    per layer chunk, 512 B-aligned), once durable, are reloaded by O_DIRECT reads straight into each layer's chunk
+    (layer_first) or the page (page_first). Where the slab's file system reports 512 B memory alignment or finer and
+    SGLang's host buffer is mem-aligned (its host allocator mmaps), not one KV payload byte goes through the bounce
+    buffer."""
+    hp = pools("dsa", layout)
+    be = attach(hp, write_config(tmp_path))
+    try:
+        hp.fill_random(13)
+        pages = [0, 3, 5]
+        keys = [f"d{p}" for p in pages]
+        idx = hp.page_tokens(pages)
+        want = snapshot(hp, pages)
+        assert all(be.batch_set_v1(keys, idx)) and all(be.batch_set_v2(transfers(hp, keys, idx))["indexer"])
+        assert be.store.flush(30)  # durable: served from the slab, not from staging
+        hp.zero()
+        before = dict(be.store._reads.io_counters())
+        assert be.batch_get_v1(keys, idx) == [True] * 3
+        io = {k: v - before.get(k, 0) for k, v in be.store._reads.io_counters().items()}
+        kv_page = be.plans["kv"].page_bytes
+        assert io["span_reads"] == 3 and io["direct_bytes"] + io["bounced_bytes"] == 3 * kv_page
+        align = {a for name, a in be.store._reads.alignment().items() if "target_kv" in name}
+        base = hp.kv.kv_buffer.data_ptr()
+        if align and all("mem 512 B" in a or "mem 4 B" in a for a in align) and base % 512 == 0:
+            assert io["direct_bytes"] == 3 * kv_page and io["bounced_bytes"] == 0, (align, io)
+        assert be.batch_get_v2(transfers(hp, keys, idx))["indexer"] == [True] * 3
+        assert snapshot(hp, pages) == want
+        assert be.store.stats()["reload_from_staging"] == 0
+    finally:
+        be.close()

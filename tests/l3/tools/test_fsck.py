@@ -17,6 +17,7 @@ from sglang_glm_ext.l3.store import L3Store
 
 PB = 4096 + 50
 SLOT = slot_bytes_for(PB)
+H = SLOT - HEADER_SIZE  # format v2: the header is the slot's last 128 bytes
 NS = Namespace("glm5", "bf16", "page_first", 64, 0, 78, "tp0")
 K = PayloadKind.TARGET_KV
 
@@ -57,11 +58,11 @@ def test_clean_store_is_clean(tmp_path):
 def test_corrupt_orphans_and_repair(tmp_path, capsys):
     cfg, path, s, slots = setup(tmp_path)
     slab = s.slab(K).path
-    poke(slab, slots[0] * SLOT + HEADER_SIZE + 7, b"\xff\x00")          # payload bit rot -> corrupt
-    poke(slab, slots[1] * SLOT, bytes(4096))                              # header wiped -> orphaned entry
+    poke(slab, slots[0] * SLOT + 7, b"\xff\x00")                         # payload bit rot -> corrupt
+    poke(slab, slots[1] * SLOT + SLOT - 4096, bytes(4096))                # header wiped -> orphaned entry
     s.index.delete(s._ikey(K, bytes.fromhex(key(2))))                    # blob without entry -> orphan slot
     s.index.put(make_key(s.dep, s.ns, K, bytes.fromhex(key(99))), IndexEntry(0, 0, 19, 1))  # -> empty slot
-    poke(slab, slots[3] * SLOT + 8, struct.pack("<H", 9))                 # version 9 -> unknown_version
+    poke(slab, slots[3] * SLOT + H + 8, struct.pack("<H", 9))             # version 9 -> unknown_version
     s.close()
     rep = fsck(cfg)
     assert rep.live == 2 and rep.corrupt == 1 and rep.orphan_index == 2
@@ -80,10 +81,61 @@ def test_corrupt_orphans_and_repair(tmp_path, capsys):
 
 def test_headers_only_misses_payload_rot_by_design(tmp_path):
     cfg, path, s, slots = setup(tmp_path)
-    poke(s.slab(K).path, slots[0] * SLOT + HEADER_SIZE + 1, b"\xaa")
+    poke(s.slab(K).path, slots[0] * SLOT + 1, b"\xaa")
     s.close()
     assert fsck(cfg, headers_only=True).corrupt == 0
     assert fsck(cfg).corrupt == 1
+
+
+def _v1_header(key_hex: str, ns: bytes, payload: bytes) -> bytes:
+    """A format-v1 header as earlier builds wrote it at a slot's start (the test builds the old format itself)."""
+    import xxhash
+
+    raw = bytearray(HEADER_SIZE)
+    struct.pack_into("<8sHBBI32sQQ16s40s", raw, 0, b"GLML3BLB", 1, int(K), 0, 0, bytes.fromhex(key_hex),
+                     len(payload), xxhash.xxh3_64_intdigest(payload), ns, bytes(40))
+    struct.pack_into("<Q", raw, 120, xxhash.xxh3_64_intdigest(bytes(raw[:120])))
+    return bytes(raw)
+
+
+def test_old_version_blobs_are_reported_not_corruption_and_repair_drops_their_entries(tmp_path):
+    """The upgrade policy: a slot holding a v1 blob (header in front of the payload) is counted as old_version,
+    referenced or not; it never makes the exit code fail, and --repair drops the entries that name one."""
+    cfg, path, s, slots = setup(tmp_path)
+    slab = s.slab(K).path
+    payload = bytes(PB)
+    for i in (0, 1):  # slot 0's entry stays (a v1 blob behind a live entry), slot 1's goes (an unreferenced one)
+        poke(slab, slots[i] * SLOT, _v1_header(key(i), s.ns, payload))
+        poke(slab, slots[i] * SLOT + SLOT - 4096, bytes(4096))  # a v1 slot has no v2 trailer
+    s.index.delete(s._ikey(K, bytes.fromhex(key(1))))
+    s.close()
+    rep = fsck(cfg)
+    assert rep.old_version == 2 and rep.live == 4 and rep.orphan_index == 0 and rep.corrupt == 0
+    assert rep.exit_code == 0 and "old_version=2" in rep.render()
+    assert fsck(cfg, headers_only=True).old_version == 2
+    rep = fsck(cfg, repair=True)
+    assert rep.repaired == 1 and rep.exit_code == 0
+    rep = fsck(cfg)
+    assert rep.old_version == 2 and rep.live == 4  # both slots still hold v1 bytes; no entry names them now
+    assert rep.old_version_slabs == 0  # the slab itself is v2 (its sidecar): only those two slots are old
+
+
+def test_a_slab_a_v1_build_left_is_reported_as_an_old_version_slab_not_corruption(tmp_path):
+    """A slab whose sidecar says format v1 (the node has not restarted since the upgrade): fsck names it and what
+    happens to it; its v1 blobs are old_version, never corruption, and the exit code stays clean."""
+    cfg, path, s, slots = setup(tmp_path)
+    slab = s.slab(K).path
+    for i in range(6):
+        poke(slab, slots[i] * SLOT, _v1_header(key(i), s.ns, bytes(PB)))
+        poke(slab, slots[i] * SLOT + SLOT - 4096, bytes(4096))
+    s.close()
+    meta = json.loads(open(slab + ".meta.json").read())
+    open(slab + ".meta.json", "w").write(json.dumps({**meta, "format_version": 1}))
+    rep = fsck(cfg)
+    assert rep.old_version_slabs == 1 and rep.old_version == 6 and rep.live == 0 and rep.corrupt == 0
+    assert rep.exit_code == 0 and "old_version_slabs=1" in rep.render()
+    assert any("format v1 slab" in p and "load cold start drops its entries" in p for p in rep.problems)
+    assert fsck(cfg).as_dict()["old_version_slabs"] == 1
 
 
 def test_cli_subcommands(tmp_path, capsys):
