@@ -66,7 +66,8 @@ METRICS: tuple[MetricSpec, ...] = (
     _g("total_slots", "L3 slots of this rank's slab, per payload kind.", ("payload",), fork=True),
     _g("inflight_spill", "Pages accepted by spill and not yet durable or dropped (staged, queued or being written).",
        fork=True),
-    _g("inflight_reload", "Pages inside a reload call right now (read, verify, copy into host memory).", fork=True),
+    _g("inflight_reload", "Pages inside a reload call right now (read into host memory, verified where they "
+       "landed).", fork=True),
     _g("queue_depth", "Depth of the store's background queues: write (staged pages waiting for the writer), control "
        "(free / clear / add-kind messages), touch (LRU updates from reloads).", ("queue",), fork=True),
     _c("spill_pages", "Pages made durable in L3 (payload fdatasync'ed and index entry committed).", fork=True),
