@@ -25,7 +25,9 @@ Invariants (the crash-safety argument is in docs_internal/l3_design.md):
 4. Data-path calls never raise: a failure is a miss plus a counter, and one bad element (key, destination,
    index value) costs only its own page. Bad configuration raises at ``open``.
 5. A blob is checked against the page asked for AND this deployment (``Namespace.digest_for``); reload returns
-   True only when the verified bytes are in the caller's own buffer (C-contiguous, writable, large enough).
+   True only when the verified bytes are in the caller's own buffer (C-contiguous, writable, large enough; a
+   layout whose page size is the kind's). The destination is checked once, in the plan, the same way whether the
+   page would come from staging or from the slab; ``spill_from_layout`` refuses a layout of another page size.
 6. One live store per (index, deployment, rank), on the node and in the process (``OwnerLock``). In the process
    it is shared: ``L3Store.open`` hands out counted handles onto the one ``SharedStore`` (same config, namespace and
    kinds, else refused), its cold start runs at the first open, and the last handle's close closes it.
@@ -313,6 +315,7 @@ class SharedStore:
             present = iter(self.index.get_many([k for k in ikeys if k is not None]))
             durable = [next(present) is not None if k is not None else False for k in ikeys]
             pb = st.page_bytes  # the writer's seal_blob zeroes the pad and writes the header
+            c = self.c
             if layout is None:
                 def fill(i: int, buf, dst: np.ndarray) -> None:
                     src = page_array(pages[i], writable=False)
@@ -320,10 +323,18 @@ class SharedStore:
                         raise ValueError(f"page {i} has {src.nbytes} B, expected {pb}")
                     np.copyto(dst[PAYLOAD_OFFSET:PAYLOAD_OFFSET + pb], src)
             else:
+                refused = _layout_mismatch(st, layout)
+                if refused:
+                    # Every page of the call is bad input: a smaller layout would leave stale staging bytes inside
+                    # the sealed payload (a wrong page made durable), a larger one would not fit the slot.
+                    c.dropped_bad_input += n
+                    self._warn_once("bad_layout", "L3 spill: source refused (%s); the pages are dropped", refused)
+                    return out
+
                 def fill(i: int, buf, dst: np.ndarray) -> None:
                     layout.gather_into(page_indices[i], buf.view, PAYLOAD_OFFSET)
             # Run.
-            staged, staging, c = self._staged, self._staging, self.c
+            staged, staging = self._staged, self._staging
             for i in range(n):
                 h = hashes[i]
                 if h is None:
@@ -438,6 +449,7 @@ class SharedStore:
             targets = _per_page(dsts if layout is None else page_indices, n)
             # A page still in staging is served from its buffer (reader references, given back below); staged
             # first, then the index, as in exists().
+            layout_refused = _layout_mismatch(st, layout) if layout is not None else ""
             borrowed = self._staged.borrow(kind, hashes)
             try:
                 entries = self.index.get_many([ik if borrowed[i] is None else None for i, ik in enumerate(ikeys)])
@@ -445,7 +457,10 @@ class SharedStore:
                 for i in range(n):
                     if entries[i] is None and borrowed[i] is None:
                         continue
+                    # One check of the destination against the kind, before any byte moves, whether the page
+                    # would come from staging or from the slab.
                     where, refused = (self._destination(st, targets[i]) if layout is None
+                                      else (None, layout_refused) if layout_refused
                                       else self._page_index(layout, targets[i]))
                     if refused is None:
                         jobs.append((i, where))
@@ -653,6 +668,15 @@ class SharedStore:
         if any(k in have and have[k] != n for k, n in kinds.items()):
             return f"other payload kinds (open: {_kinds_text(have)}; asked: {_kinds_text(kinds)})"
         return ""
+
+
+def _layout_mismatch(st: KindState, layout) -> str:
+    """'' when ``layout``'s pages are exactly this kind's page, else why not (spill and every reload path check it the
+    same way, before any byte moves)."""
+    have = getattr(layout, "page_bytes", None)
+    if have != st.page_bytes:
+        return f"the layout's pages are {have!r} B, {st.kind.label} pages are {st.page_bytes} B"
+    return ""
 
 
 def _kinds_text(kinds: Mapping[PayloadKind, int]) -> str:

@@ -124,7 +124,7 @@ class HoldingLayout:
     """A PageLayout whose scatter (the reader's copy out of staging) waits until told to go on."""
 
     def __init__(self, layout):
-        self.layout, self.num_pages = layout, layout.num_pages
+        self.layout, self.num_pages, self.page_bytes = layout, layout.num_pages, layout.page_bytes
         self.copying, self.go = threading.Event(), threading.Event()
 
     def scatter_from(self, page_index, src, src_offset=0):
@@ -153,3 +153,39 @@ def test_the_writer_never_releases_a_buffer_a_reader_is_copying(store, stalled):
     assert got == [[True]] and np.array_equal(host[:PB], page(1))
     assert store.stats()["staging_bytes"] == 0  # the last reader released it
     assert store.stats()["reload_from_staging"] == 1
+
+
+@pytest.mark.parametrize("delta", [-4096, -1, 1, 4096], ids=["page_cut_4k", "page_cut_1b", "pad_1b", "pad_4k"])
+def test_a_layout_of_another_page_size_is_refused_for_staged_and_durable_pages_alike(store, stalled, delta):
+    """Issue 20, item 3: a staged page used to be copied into a layout whose page size is not the kind's (a cut-off
+    page, or the page plus pad and header bytes) and reported True; the same reload of a durable page was refused.
+    Every path now checks the destination against the kind before any byte moves, and so does spill_from_layout
+    (a smaller layout left stale staging bytes in the sealed payload: a wrong page made durable)."""
+    other = PB + delta
+    sentinel = 0xAB
+
+    def host():
+        return np.full(4 * other, sentinel, np.uint8)
+
+    assert store.spill(K, [key(0)], [page(0)]) == [True]  # staged: the disk is stalled
+    for durable in (False, True):
+        if durable:
+            stalled.open.set()
+            assert store.flush(30) and store.exists(K, [key(0)], include_staged=False) == 1
+        before = store.stats()["reload_bad_dst"]
+        h = host()
+        layout = PageLayout.page_first(h, page_bytes=other, num_pages=4)
+        assert store.reload_into_layout(K, [key(0)], layout, [1]) == [False], ("durable" if durable else "staged")
+        assert (h == sentinel).all()  # not one byte copied
+        assert store.stats()["reload_bad_dst"] == before + 1
+    # The same page, right-sized, is served (the refusal was the layout's, not the page's).
+    ok = np.zeros(4 * PB, np.uint8)
+    assert store.reload_into_layout(K, [key(0)], PageLayout.page_first(ok, page_bytes=PB, num_pages=4), [2]) == [True]
+    assert np.array_equal(ok[2 * PB:3 * PB], page(0))
+    # Writing from a layout of another page size is bad input: nothing is staged, nothing becomes durable.
+    src = np.full(4 * other, 7, np.uint8)
+    dropped = store.stats()["dropped_bad_input"]
+    assert store.spill_from_layout(K, [key(1)], PageLayout.page_first(src, page_bytes=other, num_pages=4), [0]) \
+        == [False]
+    assert store.stats()["dropped_bad_input"] == dropped + 1
+    assert store.flush(30) and store.exists(K, [key(1)]) == 0
