@@ -68,6 +68,7 @@ class Completion(threading.Event):
 class FreePages:
     kind: PayloadKind
     keys: tuple  # index keys
+    hashes: tuple = ()  # their content hashes: the writer clears the pages' free-pending marks once it applied this
     name: ClassVar[str] = "free"
 
 

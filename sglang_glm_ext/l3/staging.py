@@ -103,6 +103,9 @@ class StagedPages:
         self._batch_pages = batch_pages
         self.enqueued = 0  # pages ever queued (seq of the last one)
         self.done = 0  # pages ever finished
+        # (kind, content hash) -> frees posted and not yet applied by the writer: the index entry such a page may
+        # still have is about to be deleted, so it is neither a dedup for spill nor counted by exists.
+        self.free_pending: dict[tuple[PayloadKind, bytes], int] = {}
 
     @property
     def inflight(self) -> int:
@@ -110,8 +113,11 @@ class StagedPages:
 
     # ------------------------------------------------------------------ callers
     def admit(self, kind: PayloadKind, content_hash: bytes) -> Admission:
+        """A page staged and not cancelled is a dedup. A cancelled copy (freed or cleared, maybe still being written)
+        is no copy: the page is staged again, and its new copy replaces the old one in the map (:meth:`enqueue`)."""
         with self.cond:
-            if (kind, content_hash) in self._staged:
+            page = self._staged.get((kind, content_hash))
+            if page is not None and not page.cancelled:
                 return Admission.DEDUP
             if self.enqueued - self.done >= self._max_inflight:
                 return Admission.FULL
@@ -122,9 +128,12 @@ class StagedPages:
         Wakes the writer once a batch is full, not per page: a per-page wake-up hands it partial batches (one
         fdatasync + commit each) under CPU load; the caller wakes it at the end of its call (:meth:`wake`)."""
         with self.cond:
-            if (kind, content_hash) in self._staged:
+            cur = self._staged.get((kind, content_hash))
+            if cur is not None and not cur.cancelled:
                 self.pool.release(kind, buf)
                 return False
+            if cur is not None:  # a cancelled copy in flight finishes on its own (finish() checks identity)
+                del self._staged[(kind, content_hash)]
             self.enqueued += 1
             page = StagedPage(self.enqueued, kind, content_hash, key, buf)
             self._staged[(kind, content_hash)] = page
@@ -176,6 +185,35 @@ class StagedPages:
                 if not page.readers and page.retired and page.buf is not None:
                     self.pool.release(page.kind, page.buf)
                     page.buf = None
+
+    def note_free(self, kind: PayloadKind, hashes: "list[bytes]") -> None:
+        """Under :attr:`cond`. ``free`` of these pages: a staged copy is cancelled, and each page counts as freed
+        (not durable for spill's dedup, not present for exists) until the writer applied the free (:meth:`free_done`),
+        whatever entry the index still holds meanwhile."""
+        pending = self.free_pending
+        for h in hashes:
+            page = self._staged.get((kind, h))
+            if page is not None:
+                page.cancelled = True
+            pending[(kind, h)] = pending.get((kind, h), 0) + 1
+
+    def free_done(self, kind: PayloadKind, hashes: "tuple[bytes, ...]") -> None:
+        """Under :attr:`cond`. The writer applied (or failed) one free of these pages."""
+        pending = self.free_pending
+        for h in hashes:
+            n = pending.get((kind, h), 0) - 1
+            if n > 0:
+                pending[(kind, h)] = n
+            else:
+                pending.pop((kind, h), None)
+
+    def freed(self, kind: PayloadKind, hashes: "list[bytes]") -> "list[bool]":
+        """Whether each page has a free the writer has not applied yet (cheap when there is none)."""
+        if not self.free_pending:
+            return [False] * len(hashes)
+        with self.cond:
+            pending = self.free_pending
+            return [(kind, h) in pending for h in hashes]
 
     def cancel_all(self) -> None:
         """Under :attr:`cond`. Every staged page is cancelled (clear)."""

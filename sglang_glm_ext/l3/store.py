@@ -314,6 +314,11 @@ class SharedStore:
             ikeys = [self._ikey(kind, h) if h is not None else None for h in hashes]
             present = iter(self.index.get_many([k for k in ikeys if k is not None]))
             durable = [next(present) is not None if k is not None else False for k in ikeys]
+            # A page freed and not yet deleted by the writer is no dedup: its entry is about to go (issue 20, 4).
+            freed = self._staged.freed(kind, [h for h in hashes if h is not None]) if self._staged.free_pending else ()
+            if any(freed):
+                it = iter(freed)
+                durable = [d and not next(it) if h is not None else d for d, h in zip(durable, hashes)]
             pb = st.page_bytes  # the writer's seal_blob zeroes the pad and writes the header
             c = self.c
             if layout is None:
@@ -394,9 +399,15 @@ class SharedStore:
             # seen by one of them (finish removes it from staging only after its entry is committed).
             staged = self._staged.visible(kind, hashes) if include_staged else [False] * len(hashes)
             rest = [i for i, s in enumerate(staged) if not s]
+            end = len(hashes)
+            # A page freed and not yet deleted by the writer is not present (unless staged again since).
+            freed = self._staged.freed(kind, [hashes[i] for i in rest]) if self._staged.free_pending else ()
+            if any(freed):
+                cut = freed.index(True)
+                end, rest = rest[cut], rest[:cut]
             prefix = self._keys.prefix(kind)
             durable = self.index.prefix_len(prefix + hashes[i] for i in rest)
-            return rest[durable] if durable < len(rest) else len(hashes)
+            return rest[durable] if durable < len(rest) else end
         except Exception:
             self.c.data_path_errors += 1
             return 0
@@ -552,16 +563,15 @@ class SharedStore:
 
     # ------------------------------------------------------------------ free / clear / flush
     def free(self, kind, keys: Sequence) -> None:
-        """Remove pages from L3 (index entry first, then this rank's slot). Staged copies are cancelled."""
+        """Remove pages from L3 (index entry first, then this rank's slot; the writer applies it). Staged copies are
+        cancelled, and from the return on a freed page is absent for ``exists`` and no dedup for ``spill`` until
+        the writer has deleted its entry: a page spilled again after ``free`` is staged and written anew."""
         try:
             kind = PayloadKind.parse(kind)
             hashes = [h for h in _content_hashes(list(keys)) if h is not None]
             with self._staged.cond:
-                for h in hashes:
-                    page = self._staged.find(kind, h)
-                    if page is not None:
-                        page.cancelled = True
-            self._writer.post(FreePages(kind, tuple(self._ikey(kind, h) for h in hashes)))
+                self._staged.note_free(kind, hashes)  # before the post: the writer's free_done follows it
+            self._writer.post(FreePages(kind, tuple(self._ikey(kind, h) for h in hashes), tuple(hashes)))
         except Exception:
             self.c.data_path_errors += 1
 

@@ -306,6 +306,8 @@ class Writer:
                     op.done.ok = ok
                     op.done.set()
                 with self.cond:
+                    if isinstance(op, FreePages):
+                        self.staged.free_done(op.kind, op.hashes)
                     self.ctl_done += 1
                     self.cond.notify_all()
         for (kind, key), (entry, ts) in touches.items():

@@ -189,3 +189,48 @@ def test_a_layout_of_another_page_size_is_refused_for_staged_and_durable_pages_a
         == [False]
     assert store.stats()["dropped_bad_input"] == dropped + 1
     assert store.flush(30) and store.exists(K, [key(1)]) == 0
+
+
+def _wait_for(pred, timeout=10.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("where", ["in_flight", "queued", "durable_free_pending"])
+def test_a_page_spilled_again_after_free_is_written(store, stalled, where):
+    """Issue 20, item 4: free() of a staged page whose write is in flight, then spill() of the same key, answered
+    True as a dedup (admission saw the cancelled copy) and the page was never written. The same class: a page still
+    queued, and a durable page whose free the writer has not applied yet (the spill saw the old entry as a dedup,
+    then the free deleted it). Each time the second spill is an acknowledgement, so the page must end up durable."""
+    k, p = key(0), page(0)
+    if where == "durable_free_pending":
+        stalled.open.set()
+        assert store.spill(K, [k], [p]) == [True] and store.flush(30)
+        stalled.open.clear()
+        stalled.entered.clear()
+        assert store.spill(K, [key(9)], [page(9)]) == [True]  # its write stalls: the writer's free waits behind it
+        assert stalled.entered.wait(10)
+        store.free(K, [k])
+        _wait_for(lambda: store.stats()["control_queue_depth"] == 0)  # the writer took the free and is waiting
+        assert store.exists(K, [k]) == 0  # freed: not counted any more, although the delete is still to come
+    else:
+        if where == "queued":
+            assert store.spill(K, [key(9)], [page(9)]) == [True]  # holds the disk: key 0 stays queued behind it
+            assert stalled.entered.wait(10)
+        assert store.spill(K, [k], [p]) == [True]
+        if where == "in_flight":
+            assert stalled.entered.wait(10)  # its pwrite is under way
+        store.free(K, [k])
+        assert store.exists(K, [k]) == 0
+    assert store.spill(K, [k], [p]) == [True]  # acknowledged again...
+    assert store.exists(K, [k]) == 1
+    stalled.open.set()
+    assert store.flush(30)
+    assert store.exists(K, [k], include_staged=False) == 1  # ...so it is durable
+    out = np.zeros(PB, np.uint8)
+    assert store.reload_into(K, [k], [out]) == [True] and np.array_equal(out, p)
+    assert store.stats()["reload_from_staging"] == 0  # from the slab
