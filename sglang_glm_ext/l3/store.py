@@ -586,8 +586,18 @@ class SharedStore:
         return done.wait(timeout) and done.ok
 
     def flush(self, timeout: float | None = 30.0) -> bool:
-        """Wait until everything spilled or freed before this call is durable (or dropped), and the writer has
-        run GC back under its watermarks. For tests, benchmarks and shutdown. True if done in time."""
+        """Wait until every operation issued before this call has taken effect. True (in time) promises:
+
+        * every page a ``spill`` accepted before the call is durable (``exists(include_staged=False)`` counts it)
+          or finished as dropped / failed (counted in ``stats()``), and no page of it is left in staging;
+        * every ``free`` and ``clear`` before the call is applied (entries deleted, slots back in the pool);
+        * every ``reload`` that returned before the call has had its consequences: a page that failed
+          verification has had its entry reclaimed (``exists`` no longer counts it), and its hits are in the LRU
+          and persisted to the index (what a later ``load`` or another rank's GC sees);
+        * GC is back under its watermarks.
+
+        False: the timeout passed or the writer is gone; any of the above may still be pending. For tests,
+        benchmarks and shutdown (``close`` flushes)."""
         return self._writer.flush(timeout)
 
     def slab(self, kind) -> Any:

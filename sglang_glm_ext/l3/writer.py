@@ -112,7 +112,9 @@ class Writer:
 
     def flush(self, timeout: "float | None") -> bool:
         """Wait until everything staged or posted before this call is finished, then pass a barrier: the writer
-        completes every commit in flight and runs GC back under its watermarks first. True if done in time."""
+        completes every commit in flight, applies every reload outcome recorded before the barrier (verify-failure
+        reclaims, touches, persisted at once) and runs GC back under its watermarks first. True if done in time
+        (``L3Store.flush`` states the promise)."""
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def wait_for(pred) -> bool:
@@ -275,7 +277,9 @@ class Writer:
             log.warning("L3 write of %s slot %d failed: %s", st.kind.label, slot, err)
         st.pool.free(slot)
 
-    def _drain_control(self) -> None:
+    def _apply_reload_outcomes(self) -> None:
+        """Apply what reloads recorded so far: verify failures reclaim exactly the entry the reader saw, hits bump
+        the LRU and wait to be persisted (coalesced)."""
         with self.cond:
             touches, self._touch_in = self._touch_in, {}
             bads, self._bad_in = self._bad_in, {}
@@ -283,6 +287,17 @@ class Writer:
             # exact: the reader saw this entry some time ago; only that very commit is known to be bad, never a
             # newer commit of the same page into the same slot.
             self.reclaim.reclaim(kind, [(key, entry)], exact=True)
+        for (kind, key), (entry, ts) in touches.items():
+            st = self.kinds[kind]
+            if entry.rank == self.rank and entry.disk == self.disk:
+                cur = st.lru.current.get(key)
+                if cur is not None and cur[1] == entry.slot and ts > cur[0]:
+                    st.lru.record(key, ts, entry.slot)
+            # Persist for other ranks' GC (and for a later `load`), coalesced.
+            self._touch_pending[key] = max(ts, self._touch_pending.get(key, 0))
+
+    def _drain_control(self) -> None:
+        self._apply_reload_outcomes()
         while self._ctl:
             op = self._ctl.popleft()
             ok = False
@@ -297,6 +312,11 @@ class Writer:
                     self.kinds[op.state.kind] = op.state
                     ok = True
                 else:
+                    # flush's promise: every reload that returned before the call has taken effect (a reload
+                    # recorded after this pass swapped the outcomes out is applied here), touches are persisted,
+                    # GC is under its watermarks.
+                    self._apply_reload_outcomes()
+                    self._maybe_persist_touches(force=True)
                     self.reclaim.until_below_watermarks()
             except Exception as e:
                 log.error("L3 %s failed: %s", op.name, failure(e))
@@ -310,14 +330,6 @@ class Writer:
                         self.staged.free_done(op.kind, op.hashes)
                     self.ctl_done += 1
                     self.cond.notify_all()
-        for (kind, key), (entry, ts) in touches.items():
-            st = self.kinds[kind]
-            if entry.rank == self.rank and entry.disk == self.disk:
-                cur = st.lru.current.get(key)
-                if cur is not None and cur[1] == entry.slot and ts > cur[0]:
-                    st.lru.record(key, ts, entry.slot)
-            # Persist for other ranks' GC (and for a later `load`), coalesced.
-            self._touch_pending[key] = max(ts, self._touch_pending.get(key, 0))
 
     def _clear(self) -> bool:
         """True if every entry of this (deployment, rank) is gone.
