@@ -137,9 +137,10 @@ class WriteOutcome(enum.Enum):
     OK = "ok"                    # durable and committed: the page is present
     DEDUP = "dedup"              # another rank or an earlier spill committed the same page first
     WRITE_ERROR = "write_error"  # pwrite or fdatasync failed: the slot goes back
-    INDEX_FULL = "index_full"    # the index could not commit: nothing of the batch is present
+    INDEX_FULL = "index_full"    # the index map is full: nothing of the batch is present, the slot goes back
+    INDEX_ERROR = "index_error"  # the file system refused the commit (a full disk) and no entry landed: slot back
     CANCELLED = "cancelled"      # freed or cleared while in flight
-    ERROR = "error"              # the commit stage itself failed: unknown whether the entry landed
+    ERROR = "error"              # unknown whether the entry landed (the index cannot even be read): slot kept
 
 
 class WriteResult(NamedTuple):

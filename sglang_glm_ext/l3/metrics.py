@@ -91,8 +91,12 @@ METRICS: tuple[MetricSpec, ...] = (
        "slot the GC could free), bad_input (malformed key or page).", ("reason",)),
     _c("dedup_pages", "Pages accepted by spill without a write (already durable or staged)."),
     _c("freed_pages", "Pages removed by free() (SGLang's eviction of L3 entries)."),
-    _c("index_errors", "Index operations refused: full (LMDB map full: puts refused, pages not stored), damage "
+    _c("index_errors", "Index operations refused: full (LMDB map full: puts refused, pages not stored), io (write "
+       "transactions the file system refused, e.g. a full disk: pages not stored, reclaims retried later), damage "
        "(scans that found malformed keys or values).", ("reason",)),
+    _g("write_path_failing", "1 while a write path fails (a full or failing disk): slab (page writes) or index "
+       "(index commits); 0 once it works again. Each change is logged once (and at most once a minute while it "
+       "lasts).", ("path",)),
     _c("index_stale_readers_cleared", "LMDB reader slots of dead processes cleared by this store."),
     _c("reload_bad_destination", "Reload pages refused before any I/O: the destination cannot take the page in place."),
     _c("data_path_errors", "Unexpected exceptions in the store's data path, turned into misses or dropped writes."),
@@ -142,6 +146,11 @@ def store_samples(st: Mapping) -> list[Sample]:
                         ("bad_input", "dropped_bad_input")):
         put("dropped_writes", st.get(key), "counter", reason=reason)
     put("index_errors", st.get("index_full"), "counter", reason="full")
+    put("index_errors", st.get("index_write_errors"), "counter", reason="io")
+    failing = st.get("write_path_failing")
+    if failing is not None:
+        for path in ("slab", "index"):
+            put("write_path_failing", int(path in failing), path=path)
     put("index_errors", st.get("index_damage_seen"), "counter", reason="damage")
     return out
 

@@ -12,22 +12,27 @@ reclaims at most ``gc.budget_per_round`` of the coldest pages until ``used <= gc
 
 from __future__ import annotations
 
+import time
 from typing import Mapping
 
 from .config import L3Config
 from .counters import Counters
 from .format import PayloadKind
+from .health import Health
 from .index import IndexEntry, L3Index, split_key
 from .kinds import KindState
 
 __all__ = ["Collector"]
+
+_BACKOFF_MIN_S = 0.05
+_BACKOFF_MAX_S = 2.0
 
 
 class Collector:
     """The writer's reclaims for one rank. Touches only the pools and LRUs of ``kinds`` (writer-owned)."""
 
     def __init__(self, config: L3Config, index: L3Index, kinds: Mapping[PayloadKind, KindState], *, rank: int,
-                 disk: int, namespace: bytes, counters: Counters):
+                 disk: int, namespace: bytes, counters: Counters, health: "Health | None" = None):
         self.config = config
         self.index = index
         self.kinds = kinds
@@ -35,10 +40,36 @@ class Collector:
         self.disk = disk
         self.namespace = namespace
         self.c = counters
+        self.health = health or Health(rank)
+        # An index that refuses deletes (a full disk) is retried after a growing pause, not every writer pass.
+        self._retry_at = 0.0
+        self._backoff = 0.0
+
+    # ------------------------------------------------------------------ index refusals
+    def backing_off(self) -> bool:
+        """The index refused a reclaim a moment ago: GC waits until :meth:`retry_in` has passed."""
+        return bool(self._retry_at) and time.monotonic() < self._retry_at
+
+    def retry_in(self) -> "float | None":
+        """Seconds until GC may try the index again (None: no pause in force)."""
+        if not self._retry_at:
+            return None
+        return max(0.0, self._retry_at - time.monotonic())
+
+    def _refused(self) -> None:
+        why = self.index.last_refusal
+        if why is None or why.full:
+            self.c.index_full += 1
+        self.health.index.failed(why or "index map full")
+        self._backoff = min(max(2 * self._backoff, _BACKOFF_MIN_S), _BACKOFF_MAX_S)
+        self._retry_at = time.monotonic() + self._backoff
+
+    def _worked(self) -> None:
+        self._backoff = self._retry_at = 0.0
 
     # ------------------------------------------------------------------ GC
     def gc_active(self) -> bool:
-        return any(st.lru.active for st in self.kinds.values())
+        return not self.backing_off() and any(st.lru.active for st in self.kinds.values())
 
     def round(self) -> int:
         """One bounded GC round per pool over its start watermark. Returns pages reclaimed."""
@@ -67,11 +98,12 @@ class Collector:
         if not victims:
             return 0
         res = self.index.delete_if(victims, newer_than_wins=True)
-        if res is None:  # could not commit: keep them, try next round
+        if res is None:  # could not commit: keep them, try again after a pause
             for key, e in victims:
                 st.lru.push(e.last_access, key, e.slot)
-            self.c.index_full += 1
+            self._refused()
             return 0
+        self._worked()
         n = 0
         for (key, e), r in zip(victims, res):
             if isinstance(r, IndexEntry):  # another rank touched it since: it is warm, keep it
@@ -96,8 +128,9 @@ class Collector:
             return
         res = self.index.delete_if(items, exact=exact)
         if res is None:
-            self.c.index_full += 1
+            self._refused()
             return
+        self._worked()
         st = self.kinds[kind]
         for (key, e), deleted in zip(items, res):
             if deleted is not True:

@@ -638,6 +638,7 @@ class SharedStore:
         }
         out.update(vars(self.c))
         out["index_full"] += self.index.index_full if self.index else 0
+        out["index_write_errors"] = self.index.write_errors if self.index else 0
         out["index_stale_readers_cleared"] = self.index.stale_readers_cleared if self.index else 0
         out["index_damage_seen"] = self.index.damage_seen if self.index else 0
         return out

@@ -25,6 +25,7 @@ from .committer import Committer
 from .config import L3Config
 from .counters import Counters
 from .format import PayloadKind, seal_blob
+from .health import Health
 from .index import IndexEntry, KeySpace, L3Index
 from .kinds import KindState
 from .messages import (
@@ -82,8 +83,9 @@ class Writer:
         self._touch_pending: dict[bytes, int] = {}
         self._touch_flushed_at = time.monotonic()
         self._reader_checked_at = time.monotonic()
+        self.health = Health(rank)  # writer thread only: every failure counted, logged once per change of state
         self.reclaim = Collector(config, index, kinds, rank=rank, disk=disk, namespace=keys.namespace,
-                                 counters=counters)
+                                 counters=counters, health=self.health)
         self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"l3-io-r{rank}")
         self._committer = Committer(index, rank=rank, disk=disk, deliver=self._committed, name=f"l3-commit-r{rank}")
         self._thread = threading.Thread(target=self._main, name=f"l3-writer-r{rank}", daemon=True)
@@ -147,6 +149,7 @@ class Writer:
 
     def stats(self) -> dict:
         return {
+            "write_path_failing": self.health.failing(),  # "slab" / "index" while a full disk refuses them
             "control_queue_depth": len(self._ctl),
             "pending_touches": len(self._touch_in),
             "gc_heap_items": sum(len(st.lru.heap) for st in tuple(self.kinds.values())),  # a kind may be added
@@ -163,9 +166,13 @@ class Writer:
         while True:
             with self.cond:
                 while not self._has_work():
-                    self.cond.wait(0.5 if (self._touch_pending or self._commits_inflight)
-                                   else _READER_CHECK_INTERVAL_S)
-                    if self._touch_pending or self._commits_inflight:
+                    timed = bool(self._touch_pending or self._commits_inflight)
+                    timeout = 0.5 if timed else _READER_CHECK_INTERVAL_S
+                    retry = self.reclaim.retry_in()  # GC paused by a refusing index: wake up to try again
+                    if retry is not None:
+                        timed, timeout = True, min(timeout, max(retry, 0.001))
+                    self.cond.wait(timeout)
+                    if timed:
                         break
                 if self._stop and not staged.queue and not self._ctl and not self._commits_inflight:
                     break
@@ -182,8 +189,8 @@ class Writer:
                     batch = []
                 self._maybe_persist_touches()
                 self._maybe_reader_check()
-            except Exception:  # the writer must outlive any single failure
-                log.exception("L3 writer round failed")
+            except Exception as e:  # the writer must outlive any single failure; logged once per episode
+                self.health.writer.failed(failure(e), exc_info=not self.health.writer.failing)
                 self.c.data_path_errors += 1
                 with self.cond:
                     for page in batch:
@@ -204,7 +211,7 @@ class Writer:
                 skipped.append(page)
                 continue
             slot = st.pool.alloc()
-            if slot is None:
+            if slot is None and not self.reclaim.backing_off():
                 self.reclaim.reclaim_coldest(st, self.config.gc_budget_per_round)
                 slot = st.pool.alloc()
             if slot is None:
@@ -247,24 +254,41 @@ class Writer:
                 if not self._completed:
                     return
                 results = self._completed.popleft()
+            committed = index_failed = None
             for r in results:
                 st = r.state
                 if r.outcome is WriteOutcome.OK:
                     self.c.spilled += 1
                     self.c.spilled_bytes += st.page_bytes
                     st.lru.record(r.page.key, r.last_access, r.slot)
+                    committed = True
                 elif r.outcome is WriteOutcome.WRITE_ERROR:
                     self._write_failed(st, r.slot, r.failure)
+                elif r.outcome is WriteOutcome.INDEX_ERROR:
+                    # The file system refused the commit (a full disk) and no entry names the slot: it goes back.
+                    self.c.write_errors += 1
+                    st.pool.free(r.slot)
+                    index_failed = r.failure
                 elif r.outcome is WriteOutcome.ERROR:
                     # Unknown whether the index commit happened: keep the slot allocated (a leak until the next
                     # clear / load) rather than risk handing out a slot an entry may reference.
                     self.c.write_errors += 1
+                    index_failed = r.failure
                 else:
                     if r.outcome is WriteOutcome.DEDUP:  # someone stored the same page first: ours is unreferenced
                         self.c.dedup += 1
                     elif r.outcome is WriteOutcome.INDEX_FULL:
                         self.c.index_full += 1
+                    else:
+                        committed = committed or r.outcome is WriteOutcome.DEDUP
                     st.pool.free(r.slot)
+            # One report per batch, not per page: the log hears of a change of state only (health.py).
+            if index_failed is not None:
+                self.health.index.failed(index_failed)
+            elif committed:
+                self.health.index.ok()
+            if committed or index_failed is not None:
+                self.health.slab.ok()  # the batch's writes and fdatasync went through
             with self.cond:
                 self._commits_inflight -= 1
                 for r in results:
@@ -273,8 +297,7 @@ class Writer:
 
     def _write_failed(self, st: KindState, slot: int, err: "Failure | None") -> None:
         self.c.write_errors += 1
-        if err is not None:
-            log.warning("L3 write of %s slot %d failed: %s", st.kind.label, slot, err)
+        self.health.slab.failed(f"{st.kind.label} slot {slot}: {err}")
         st.pool.free(slot)
 
     def _apply_reload_outcomes(self) -> None:
@@ -378,6 +401,7 @@ class Writer:
         self._touch_pending.clear()
         self._touch_flushed_at = time.monotonic()
         try:
-            self.index.touch_many(items)
+            if not self.index.touch_many(items):  # refused (a full disk): recency is best effort, counted
+                self.health.index.failed(self.index.last_refusal or "index map full")
         except Exception:
             self.c.data_path_errors += 1
