@@ -44,7 +44,7 @@ from .fsutil import fsync_dir, make_private_dirs
 log = logging.getLogger(__name__)
 
 __all__ = ["IndexEntry", "IndexKey", "KeySpace", "L3Index", "IndexDamagedError", "ScanResult", "Refusal", "deployment_tag",
-           "make_key", "split_key", "now_us", "KEY_LEN", "VALUE_LEN"]
+           "make_key", "split_key", "namespace_and_kind", "now_us", "KEY_LEN", "VALUE_LEN"]
 
 _VALUE = struct.Struct("<HHIQ")
 _TAG_BYTES = 8
@@ -85,6 +85,11 @@ def make_key(dep_tag: bytes, ns_digest: bytes, kind: int, content_hash: bytes) -
 
 def split_key(key: bytes) -> IndexKey:
     return IndexKey(key[:_NS_AT], key[_NS_AT:_KIND_AT], key[_KIND_AT], key[_HASH_AT:KEY_LEN])
+
+
+def namespace_and_kind(key: bytes) -> "tuple[bytes, int]":
+    """A key's namespace digest and payload-kind byte: two slices, for loops over every entry (cold start)."""
+    return key[_NS_AT:_KIND_AT], key[_KIND_AT]
 
 
 class KeySpace:

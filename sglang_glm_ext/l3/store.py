@@ -45,7 +45,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from . import coldstart
+from . import coldstart, slab_set
 from .aligned import page_array
 from .config import COLD_START_MODES, L3Config, L3ConfigError
 from .counters import Counters
@@ -204,10 +204,15 @@ class SharedStore:
         deferred = [k for k in map(PayloadKind.parse, config.addable_kinds) if k not in self._kinds]
         try:
             done = coldstart.apply(mode, self.index, self._keys, rank, self.disk, self._kinds, prior_meta, deferred)
+            for st in self._kinds.values():  # slabs of other page sizes: emptied ones go, the capacity is settled
+                slab_set.settle(st, punch=True)
         except Exception as e:
             self._close_files()
+            if isinstance(e, L3StoreError):
+                raise
             raise L3StoreError(f"cold_start={mode}: failed for rank {rank}: {type(e).__name__}: {e}") from e
         self.loaded_pages, self.stale_dropped = done.loaded_pages, done.stale_dropped
+        self.other_namespace_pages = done.other_pages
 
         self._staging = StagingPool(config.staging_bytes, slot_bytes)
         self._staged = StagedPages(self._staging, max_inflight=config.max_inflight,
@@ -219,26 +224,10 @@ class SharedStore:
 
     def _open_kind(self, kind: PayloadKind, page_bytes: int, slot_bytes: int,
                    num_slots: int) -> "tuple[KindState, dict | None]":
-        """This rank's slab of one kind (created or checked against its geometry) and its sidecar, and the sidecar
-        as the previous owner left it (read before it is rewritten here: a ``load`` cold start keeps a slab's
-        entries only if it shows this format and geometry, coldstart.slab_verdict)."""
-        config, rank = self.config, self.rank
-        path = slab_path(config, rank, kind)
-        direct = {"auto": "auto", "on": True, "off": False}[config.direct_io]
-        slab = DiskSlab.open(path, slot_bytes=slot_bytes, num_slots=num_slots, create=True, direct=direct)
-        state = KindState(kind, page_bytes, slot_bytes, num_slots, slab, SlotPool(num_slots), PageLRU(self._seq))
-        try:
-            check_slab_owner(path, config.deployment_id, rank)
-            prior = read_slab_meta(path)
-            write_slab_meta(path, {
-                "format_version": FORMAT_VERSION, "kind": kind.label, "slot_bytes": slot_bytes,
-                "num_slots": num_slots, "page_bytes": page_bytes, "deployment_id": config.deployment_id,
-                "rank": rank, "disk": self.disk, "ns_digest": self.ns.hex(),
-            })
-        except BaseException:
-            slab.close()
-            raise
-        return state, prior
+        """This rank's slab of one kind and the slabs of other slot sizes beside it (slab_set.py), and the slab's
+        sidecar as the previous owner left it (a ``load`` keeps a slab's entries only if it vouches for them)."""
+        return slab_set.open_kind(self.config, rank=self.rank, disk=self.disk, kind=kind, page_bytes=page_bytes,
+                                  slot_bytes=slot_bytes, num_slots=num_slots, ns_digest=self.ns, seq=self._seq)
 
     def add_kind(self, kind, page_bytes: int, timeout: float = 30.0) -> None:
         """Serve one more payload kind from now on (SGLang registers sidecar draft host pools after the storage
@@ -270,6 +259,7 @@ class SharedStore:
                 if self.cold_start == "load":
                     loaded = coldstart.load_kind(self.index, self._keys, self.rank, self.disk, state,
                                                   prior).loaded_pages
+                slab_set.settle(state, punch=True)  # (under clear the open already deleted the rank's entries)
                 self._staging.add_kind(kind, sb)
                 self._reads.add_kind(kind, sb)
                 done = Completion()
@@ -279,7 +269,7 @@ class SharedStore:
                                        f"{timeout} s")
             except BaseException:
                 if kind not in self._kinds:
-                    state.slab.close()
+                    slab_set.close_kind(state)
                 raise
             self.loaded_pages += loaded
 
@@ -625,7 +615,11 @@ class SharedStore:
             "cold_start": self.cold_start,
             "cold_start_loaded_pages": self.loaded_pages,  # pages a `load` cold start kept (0 after `clear`)
             "io_mode": {k.label: getattr(st.slab, "io_mode", None) for k, st in kinds},
-            "slots": {k.label: {"used": st.pool.used, "total": st.pool.total} for k, st in kinds},
+            # total: the slots this slab may use now (its capacity: beside a slab of another page size, what the
+            # budget leaves); retired: pages still held in the kind's slabs of other page sizes.
+            "slots": {k.label: {"used": st.pool.used, "total": st.pool.limit,
+                                "retired": sum(len(r.lru.current) for r in tuple(st.retired))} for k, st in kinds},
+            "cold_start_other_namespace_pages": self.other_namespace_pages,  # kept by `load`, of other models
             "inflight": inflight,
             "max_inflight": self.config.max_inflight,
             "reload_inflight": self.reload_inflight,
@@ -656,10 +650,7 @@ class SharedStore:
 
     def _close_files(self) -> None:
         for st in self._kinds.values():
-            try:
-                st.slab.close()
-            except Exception:
-                pass
+            slab_set.close_kind(st)
         if self._reads is not None:
             self._reads.close_readers()
         if self.index is not None:
