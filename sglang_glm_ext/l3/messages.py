@@ -56,6 +56,13 @@ class StagedPage:
     cancelled: bool = False
     readers: int = 0
     retired: bool = False
+    # Acknowledged to the caller before it is durable (a write-behind spill answered True): counted, with its age,
+    # in stats()' acked_not_durable_* until it is finished or cancelled (issue 20, item 7).
+    acked: bool = False
+    nbytes: int = 0  # payload bytes (what the acknowledged-not-durable bytes add up)
+    staged_at: float = 0.0  # time.monotonic() when staged
+    finished: bool = False  # the writer finished it (durable, dedup, dropped or failed)
+    durable: bool = False  # ...and its page is durable (committed here, or the same page committed first)
 
 
 class Completion(threading.Event):

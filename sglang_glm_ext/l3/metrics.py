@@ -80,6 +80,12 @@ METRICS: tuple[MetricSpec, ...] = (
     _g("staging_bytes", "Staging memory: in_use (pages held), allocated, peak (allocated high-water), cap "
        "(queues.staging_bytes).", ("state",)),
     _g("cold_start_loaded_pages", "Pages a 'load' cold start kept from before the restart (0 after a clear)."),
+    _g("acked_not_durable_pages", "Pages spill acknowledged (write-behind: SGLang's batch_set answered True) and not "
+       "yet durable: what a crash right now would lose (misses after the restart, never wrong bytes). Bounded by "
+       "the staging cap; always 0 under ack = 'durable'."),
+    _g("acked_not_durable_bytes", "Payload bytes of acked_not_durable_pages."),
+    _g("acked_not_durable_oldest_seconds", "Age of the oldest acknowledged page not yet durable (0 when none): the "
+       "write-behind window right now."),
     _c("spill_bytes", "Payload bytes made durable (the pages of spill_pages)."),
     _c("reload_bytes", "Payload bytes served by reload (the pages of reload_pages)."),
     _c("reload_from_staging", "Of reload_pages: pages served from a staged copy, not yet durable."),
@@ -134,6 +140,9 @@ def store_samples(st: Mapping) -> list[Sample]:
                        ("peak", "staging_peak_bytes"), ("cap", "staging_cap_bytes")):
         put("staging_bytes", st.get(key), state=state)
     put("cold_start_loaded_pages", st.get("cold_start_loaded_pages"))
+    put("acked_not_durable_pages", st.get("acked_not_durable_pages"))
+    put("acked_not_durable_bytes", st.get("acked_not_durable_bytes"))
+    put("acked_not_durable_oldest_seconds", st.get("acked_not_durable_oldest_s"))
     for short, key in (("spill_pages", "spilled"), ("reload_pages", "reload_hits"), ("gc_reclaimed", "gc_reclaimed"),
                        ("write_errors", "write_errors"), ("spill_bytes", "spilled_bytes"),
                        ("reload_bytes", "reload_bytes"), ("reload_from_staging", "reload_from_staging"),

@@ -41,6 +41,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -277,18 +278,47 @@ class SharedStore:
         return self._keys.key(kind, content_hash)
 
     # ------------------------------------------------------------------ spill
-    def spill(self, kind, keys: Sequence, pages: Sequence) -> list[bool]:
-        """Copy each page into staging and queue it; return at once. Per page: True if accepted (durable soon,
-        or already durable / staged: dedup), False if dropped (staging full, max inflight, bad input: counted).
-        A page is a C-contiguous buffer of exactly page_bytes, taken in memory order; anything else is bad input.
-        The caller may reuse or unpin its page buffers as soon as this returns."""
-        return self._spill(kind, keys, pages, None, None)
+    def spill(self, kind, keys: Sequence, pages: Sequence, *, wait: float = 0.0, durable: bool = False) -> list[bool]:
+        """Copy each page into staging and queue it. Per page: True if accepted (durable soon, or already durable /
+        staged: dedup), False if dropped (staging full, max inflight, bad input: counted). A page is a C-contiguous
+        buffer of exactly page_bytes, taken in memory order; anything else is bad input. The caller may reuse or
+        unpin its page buffers as soon as this returns.
 
-    def spill_from_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int]) -> list[bool]:
+        By default it returns at once and never blocks: a True is acknowledged before the page is durable
+        (write-behind; ``stats()`` counts such pages, their bytes and the oldest one's age as
+        ``acked_not_durable_*``: what a crash right now would lose, bounded by the staging cap). Two opt-ins,
+        both bounded by ``wait`` seconds for the whole call (SGLang's backup thread, through the HiCache backend):
+
+        * ``wait`` > 0: when staging is full, wait for room instead of dropping the page (brief backpressure);
+        * ``durable``: answer True only for pages that are durable when it returns (fdatasync'ed and committed,
+          or committed already): what a crash after the return cannot lose. A page not durable by the deadline
+          answers False (it may still become durable later)."""
+        return self._spill(kind, keys, pages, None, None, wait, durable)
+
+    def spill_from_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int], *, wait: float = 0.0,
+                          durable: bool = False) -> list[bool]:
         """Like :meth:`spill`, gathering each page from a strided host layout straight into staging."""
-        return self._spill(kind, keys, None, layout, page_indices)
+        return self._spill(kind, keys, None, layout, page_indices, wait, durable)
 
-    def _spill(self, kind, keys, pages, layout, page_indices) -> list[bool]:
+    def wait_durable(self, kind, keys: Sequence, timeout: float) -> list[bool]:
+        """Whether each page is durable (its index entry committed, by any rank), waiting up to ``timeout`` s for
+        the ones that are not yet: under CP, ``ack = "durable"`` of pages another rank owns and writes."""
+        try:
+            kind = PayloadKind.parse(kind)
+            ikeys = [self._ikey(kind, h) if h is not None else None for h in _content_hashes(list(keys))]
+            deadline = time.monotonic() + max(0.0, timeout)
+            while True:
+                got = [e is not None for e in self.index.get_many(ikeys)]
+                if all(got) or time.monotonic() >= deadline:
+                    return got
+                with self._staged.cond:
+                    self._staged.cond.wait(min(0.005, max(0.0, deadline - time.monotonic())))
+        except Exception:
+            self.c.data_path_errors += 1
+            return _dropped(keys)
+
+    def _spill(self, kind, keys, pages, layout, page_indices, wait: float = 0.0, durable_ack: bool = False
+               ) -> list[bool]:
         out: list[bool] = []
         queued = 0
         try:
@@ -330,6 +360,8 @@ class SharedStore:
                     layout.gather_into(page_indices[i], buf.view, PAYLOAD_OFFSET)
             # Run.
             staged, staging = self._staged, self._staging
+            deadline = time.monotonic() + wait if wait > 0 else 0.0
+            waits: list[tuple[int, Any]] = []  # ack = durable: (page, its staged copy) answered once finished
             for i in range(n):
                 h = hashes[i]
                 if h is None:
@@ -339,15 +371,26 @@ class SharedStore:
                     c.dedup += 1
                     out[i] = True
                     continue
-                admitted = staged.admit(kind, h)
-                if admitted is not Admission.STAGE:
-                    if admitted is Admission.DEDUP:
-                        c.dedup += 1
-                        out[i] = True
-                    else:
-                        c.dropped_staging += 1
+                buf = None
+                while True:
+                    admitted = staged.admit(kind, h)
+                    if admitted is Admission.STAGE:
+                        buf = staging.acquire(kind)
+                        if buf is not None:
+                            break
+                    elif admitted is Admission.DEDUP:
+                        break
+                    # Staging (bytes or in-flight pages) is full: wait for room if the caller may wait, else drop.
+                    if not deadline or self._closed:
+                        break
+                    if queued:
+                        staged.wake()  # what this call queued must drain first
+                    if not staged.wait_room(deadline):
+                        break
+                if admitted is Admission.DEDUP:
+                    c.dedup += 1
+                    self._answer_dedup(kind, h, ikeys[i], i, out, waits, durable_ack)
                     continue
-                buf = staging.acquire(kind)
                 if buf is None:
                     c.dropped_staging += 1
                     continue
@@ -358,11 +401,23 @@ class SharedStore:
                     staging.release(kind, buf)
                     c.dropped_bad_input += 1
                     continue
-                if staged.enqueue(kind, h, ikeys[i], buf):
-                    queued += 1
-                else:  # raced with another spiller of the same page
+                page = staged.enqueue(kind, h, ikeys[i], buf, acked=not durable_ack, nbytes=pb)
+                if page is None:  # raced with another spiller of the same page
                     c.dedup += 1
-                out[i] = True
+                    self._answer_dedup(kind, h, ikeys[i], i, out, waits, durable_ack)
+                    continue
+                queued += 1
+                if durable_ack:
+                    waits.append((i, page))
+                else:
+                    out[i] = True
+            if waits:
+                if queued:
+                    staged.wake()
+                    queued = 0
+                staged.wait_finished([p for _, p in waits], deadline or time.monotonic())
+                for i, p in waits:
+                    out[i] = p.finished and p.durable
             c.spill_accepted += sum(out)
         except Exception:
             log.exception("L3 spill failed; pages dropped")
@@ -371,6 +426,18 @@ class SharedStore:
             if queued:  # also after a failure part-way: what was queued must not wait for the next call
                 self._staged.wake()
         return out
+
+    def _answer_dedup(self, kind, h: bytes, ikey: bytes, i: int, out: list, waits: list, durable_ack: bool) -> None:
+        """A page another spill staged already: accepted (write-behind), or answered with that copy (durable)."""
+        if not durable_ack:
+            out[i] = True
+            return
+        with self._staged.cond:
+            page = self._staged.find(kind, h)
+        if page is not None and not page.cancelled:
+            waits.append((i, page))
+        else:  # finished meanwhile: durable if its entry is there
+            out[i] = self.index.get(ikey) is not None
 
     # ------------------------------------------------------------------ exists
     def exists(self, kind, keys: Sequence, *, include_staged: bool = True) -> int:
@@ -625,6 +692,11 @@ class SharedStore:
             "reload_inflight": self.reload_inflight,
             "write_queue_depth": qdepth,
             **self._writer.stats(),
+            # Acknowledged by spill (write-behind) and not yet durable: what a crash right now would lose (issue 20,
+            # item 7). Bounded by the staging cap (queues.staging_bytes / max_inflight); 0 under ack = "durable".
+            "acked_not_durable_pages": self._staged.acked_pages,
+            "acked_not_durable_bytes": self._staged.acked_bytes,
+            "acked_not_durable_oldest_s": self._staged.oldest_acked_age(),
             "staging_bytes": self._staging.in_use,
             "staging_allocated_bytes": self._staging.allocated,
             "staging_peak_bytes": self._staging.peak_allocated,
@@ -643,6 +715,7 @@ class SharedStore:
         self.flush(timeout)
         with self._staged.cond:
             self._closed = True
+            self._staged.cond.notify_all()  # a spill waiting for room gives up now
         self._writer.stop(timeout)
         self._reads.shutdown()
         self._staging.close()
@@ -798,11 +871,16 @@ class L3Store:
         return getattr(self._shared, name)
 
     # ------------------------------------------------------------------ the caller API (SharedStore documents it)
-    def spill(self, kind, keys: Sequence, pages: Sequence) -> list[bool]:
-        return _dropped(keys) if self._closed else self._shared.spill(kind, keys, pages)
+    def spill(self, kind, keys: Sequence, pages: Sequence, *, wait: float = 0.0, durable: bool = False) -> list[bool]:
+        return _dropped(keys) if self._closed else self._shared.spill(kind, keys, pages, wait=wait, durable=durable)
 
-    def spill_from_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int]) -> list[bool]:
-        return _dropped(keys) if self._closed else self._shared.spill_from_layout(kind, keys, layout, page_indices)
+    def spill_from_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int], *, wait: float = 0.0,
+                          durable: bool = False) -> list[bool]:
+        return _dropped(keys) if self._closed else self._shared.spill_from_layout(kind, keys, layout, page_indices,
+                                                                                   wait=wait, durable=durable)
+
+    def wait_durable(self, kind, keys: Sequence, timeout: float) -> list[bool]:
+        return _dropped(keys) if self._closed else self._shared.wait_durable(kind, keys, timeout)
 
     def exists(self, kind, keys: Sequence, *, include_staged: bool = True) -> int:
         return 0 if self._closed else self._shared.exists(kind, keys, include_staged=include_staged)

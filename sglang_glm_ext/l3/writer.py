@@ -292,6 +292,8 @@ class Writer:
             with self.cond:
                 self._commits_inflight -= 1
                 for r in results:
+                    # durable: committed here, or the same page committed first (a dedup); what ack = "durable" waits for
+                    r.page.durable = r.outcome is WriteOutcome.OK or r.outcome is WriteOutcome.DEDUP
                     self.staged.finish(r.page)
                 self.cond.notify_all()
 

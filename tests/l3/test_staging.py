@@ -234,3 +234,71 @@ def test_a_page_spilled_again_after_free_is_written(store, stalled, where):
     out = np.zeros(PB, np.uint8)
     assert store.reload_into(K, [k], [out]) == [True] and np.array_equal(out, p)
     assert store.stats()["reload_from_staging"] == 0  # from the slab
+
+
+def test_write_behind_acknowledgements_are_counted_with_their_bytes_and_age_until_durable(store, stalled):
+    """Issue 20, item 7: what a crash right now would lose is visible: pages acknowledged by spill and not yet
+    durable, their bytes and the oldest one's age; bounded by the staging cap; back to 0 once durable."""
+    import time
+
+    assert store.spill(K, [key(i) for i in range(3)], [page(i) for i in range(3)]) == [True] * 3
+    time.sleep(0.05)
+    st = store.stats()
+    assert (st["acked_not_durable_pages"], st["acked_not_durable_bytes"]) == (3, 3 * PB)
+    assert st["acked_not_durable_oldest_s"] >= 0.05
+    store.free(K, [key(0)])  # a freed page is no longer expected to be durable
+    assert store.stats()["acked_not_durable_pages"] == 2
+    stalled.open.set()
+    assert store.flush(30)
+    st = store.stats()
+    assert (st["acked_not_durable_pages"], st["acked_not_durable_bytes"], st["acked_not_durable_oldest_s"]) == (0, 0, 0)
+
+
+def test_a_durable_spill_answers_true_only_for_pages_durable_when_it_returns(store, stalled):
+    import time
+
+    got = []
+    t = threading.Thread(target=lambda: got.append(
+        store.spill(K, [key(i) for i in range(3)], [page(i) for i in range(3)], wait=10.0, durable=True)))
+    t.start()
+    assert stalled.entered.wait(10)
+    time.sleep(0.1)
+    assert not got and store.stats()["acked_not_durable_pages"] == 0  # nothing acknowledged while not durable
+    stalled.open.set()
+    t.join(30)
+    assert got == [[True] * 3]
+    assert store.exists(K, [key(i) for i in range(3)], include_staged=False) == 3  # durable at the answer
+    # A dedup answers like its copy; a page already durable is True at once.
+    assert store.spill(K, [key(0)], [page(0)], wait=1.0, durable=True) == [True]
+
+
+def test_a_durable_spill_that_times_out_answers_false(store, stalled):
+    t0 = __import__("time").monotonic()
+    assert store.spill(K, [key(5)], [page(5)], wait=0.2, durable=True) == [False]
+    assert __import__("time").monotonic() - t0 < 5  # bounded by its wait
+    stalled.open.set()
+    assert store.flush(30) and store.exists(K, [key(5)], include_staged=False) == 1  # it may still land later
+
+
+def test_a_full_staging_waits_for_room_when_the_caller_may_wait_and_drops_otherwise(tmp_path):
+    """Issue 20, item 8, at the engine: with a wait a burst larger than staging is taken whole (brief
+    backpressure), without one the overflow is dropped and counted."""
+    from sglang_glm_ext.l3.store import L3Store
+
+    c = L3Config.from_dict({
+        "deployment_id": "bp", "disks": [{"path": str(tmp_path / "disk"), "budget": 64 * SLOT}],
+        "index": {"path": str(tmp_path / "index"), "map_size": 16 * 2**20},
+        "queues": {"staging_bytes": 3 * SLOT, "write_batch_pages": 2, "io_threads": 1, "reload_threads": 1},
+    })
+    s = L3Store.open(c, rank=0, namespace=NS, page_bytes={K: PB})
+    try:
+        keys = [key(i, "bp") for i in range(24)]
+        pages = [page(i, "bp") for i in range(24)]
+        dropped = s.spill(K, keys[:12], pages[:12])
+        assert not all(dropped) and s.stats()["dropped_staging"] == dropped.count(False)
+        assert s.flush(30)
+        assert s.spill(K, keys[12:], pages[12:], wait=30.0) == [True] * 12
+        assert s.flush(30) and s.exists(K, keys[12:], include_staged=False) == 12
+        assert s.stats()["staging_peak_bytes"] <= 3 * SLOT
+    finally:
+        s.close()
