@@ -7,8 +7,9 @@ preallocation, and the I/O mode -- O_DIRECT where the filesystem accepts it, els
 Existing files: a slab whose size is exactly ``slot_bytes * num_slots`` is reopened as is (its blobs are the
 durable tier). With ``resize=True`` (the store: a budget change keeps the page size) a slab whose size is another
 multiple of ``slot_bytes`` is resized in place -- the slot boundaries do not move, so the slots that remain keep
-their blobs (the store drops the entries of slots past a shrunk end). Any other size is a ``SlabGeometryError``:
-resizing would reinterpret every slot boundary (the store gives another slot size its own file, slab_dir.py).
+their blobs (the store drops the entries of slots past a shrunk end); a size that is no multiple (a file cut short)
+loses its partial last slot as well. Without ``resize`` any other size is a ``SlabGeometryError``. The store gives
+another slot size its own file (slab_dir.py), so no slot boundary is ever reinterpreted.
 
 ``prealloc_slots``: only the first slots are preallocated (the rest of the file is sparse until :meth:`reserve`
 allocates it): a slab that shares its budget with an older geometry's slab holds only what the budget leaves it.
@@ -176,12 +177,16 @@ class DiskSlab:
             current = os.fstat(fd).st_size
             resized_from = None
             if current not in (0, size):
-                if not (resize and current % slot_bytes == 0):
+                if not resize:
                     raise SlabGeometryError(
                         f"L3 slab {path} is {current} B but the config asks for {num_slots} slots x {slot_bytes} B "
                         f"= {size} B; delete the file (its cached pages are lost) or restore the old geometry")
-                os.ftruncate(fd, size)  # same slot size: the boundaries stay, the slots past a shrunk end go
-                resized_from = current // slot_bytes
+                # Same slot size: the boundaries stay, the slots past a shrunk end go. A size that is no multiple of
+                # it (a file cut short) loses its partial last slot too: that page reads back as zeros, a miss.
+                if current % slot_bytes:
+                    os.ftruncate(fd, current - current % slot_bytes)
+                os.ftruncate(fd, size)
+                resized_from = current // slot_bytes if current % slot_bytes == 0 else None
             prealloc, prealloc_reason = cls._preallocate(fd, path, size, created=not existed, region=prealloc)
             if not existed:
                 # A new slab's size / extents and its name must be durable before any index entry points into

@@ -17,8 +17,8 @@ JSON schema (stable; bump SCHEMA on any breaking change, documented in README "d
              megamoe: {fp8_sm90: {possible, why}, fp4_sm100: {possible, why},
                        deep_gemm: {version, imports, error}, retired_env: [str], dg_use_fp4_acts_set: bool}}
   l3: {active, [backend_class, hicache_storage_backend, config, extra_config | error,
-       state: {deployment_id, cold_start, ranks, require_plp, plp, index: {path, exists, entries_for_deployment,
-       entries_total}, slabs: [{rank, path, bytes, slots, page_bytes, namespace}]]}          (added in schema 1)
+       state: {deployment_id, cold_start, ack, wait_ms, ranks, require_plp, plp, index: {path, exists,
+       entries_for_deployment, entries_total}, slabs: [{rank, path, bytes, slots, page_bytes, namespace}]]}          (added in schema 1)
   (hugepages: null = the kernel did not say; `unknown` names why.)
 
 The GPU listing is plugin-wide (here); every other "hardware" key, and the problems that go with it, is a

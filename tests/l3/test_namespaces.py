@@ -211,3 +211,21 @@ def test_fsck_places_every_entry_on_its_own_slab_and_repair_keeps_them(tmp_path)
     rep = fsck(config, repair=True)
     assert (rep.live, rep.orphan_index, rep.corrupt, rep.repaired, rep.exit_code) == (13, 0, 0, 0, 0), rep.render()
     assert rep.slabs_scanned == 2
+
+
+def test_a_slab_cut_short_opens_and_only_its_cut_page_is_a_miss(tmp_path):
+    s = opened(tmp_path, NS_A, mode="clear", budget=9 * SLOT, start=1.0, stop=0.99)
+    spill(s, range(8), "a")
+    last = max(range(8), key=lambda i: s.locate(K, key(i, "a"))[2])
+    slot_of_last = s.locate(K, key(last, "a"))[2]
+    path = s.slab(K).path
+    s.close()
+    cut = (slot_of_last + 1) * SLOT - 100
+    os.truncate(path, cut)  # the file lost its tail, into the last used slot (not a whole slot)
+    s = opened(tmp_path, NS_A, budget=9 * SLOT, start=1.0, stop=0.99)  # no SlabGeometryError: it opens
+    try:
+        assert os.path.getsize(path) == 9 * SLOT
+        assert reads_back(s, [i for i in range(8) if i != last], "a")
+        assert s.reload_into(K, [key(last, "a")], [np.zeros(PB, np.uint8)]) == [False]  # the cut page: a miss
+    finally:
+        s.close()
