@@ -170,6 +170,22 @@ def _med(xs):
 
 
 # ---------------------------------------------------------------------------------------------- with SGLang
+def _setup(args):
+    """The plugin and the CPU stand-ins in this process; the stack's shape, its KV page, the page count, the work dir."""
+    import sglang_glm_ext
+    from sglang_glm_ext.l3.hicache.testing import cpu_standins, stack
+
+    sglang_glm_ext.register()
+    cpu_standins.install()
+    spec = stack.StackSpec(layers=args.layers, device_pages=args.host_pages // 2, host_ratio=2.0,
+                           layout=args.layout, io_backend="direct" if args.layout == "page_first_direct" else "kernel")
+    kv_page = spec.page_size * spec.layers * spec.kv_cache_dim
+    n = max(BATCH, int(args.size_gb * 1e9) // kv_page)
+    shutil.rmtree(args.dir, ignore_errors=True)
+    os.makedirs(args.dir, mode=0o700)
+    return spec, kv_page, n, args.dir
+
+
 def run_controller(args) -> dict:
     import torch
 
@@ -180,15 +196,7 @@ def run_controller(args) -> dict:
     from sglang_glm_ext.l3.hicache.keys import storage_keys
     from sglang_glm_ext.l3.hicache.testing import cpu_standins, stack
 
-    sglang_glm_ext.register()
-    cpu_standins.install()
-    spec = stack.StackSpec(layers=args.layers, device_pages=args.host_pages // 2, host_ratio=2.0,
-                           layout=args.layout, io_backend="direct" if args.layout == "page_first_direct" else "kernel")
-    kv_page = spec.page_size * spec.layers * spec.kv_cache_dim
-    n = max(BATCH, int(args.size_gb * 1e9) // kv_page)
-    work = args.dir
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work, mode=0o700)
+    spec, kv_page, n, work = _setup(args)
     cfg = os.path.join(work, "l3", "l3.toml")
     os.makedirs(os.path.dirname(cfg))
     # target_kv for n pages (+ margin); equal_slots gives the indexer kind the same slot count (small pages).
@@ -395,15 +403,7 @@ def run_burst(args) -> dict:
     from sglang_glm_ext.l3.hicache.keys import storage_key
     from sglang_glm_ext.l3.hicache.testing import cpu_standins, stack
 
-    sglang_glm_ext.register()
-    cpu_standins.install()
-    spec = stack.StackSpec(layers=args.layers, device_pages=args.host_pages // 2, host_ratio=2.0,
-                           layout=args.layout, io_backend="direct" if args.layout == "page_first_direct" else "kernel")
-    kv_page = spec.page_size * spec.layers * spec.kv_cache_dim
-    n = max(BATCH, int(args.size_gb * 1e9) // kv_page)
-    work = args.dir
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work, mode=0o700)
+    spec, kv_page, n, work = _setup(args)
     stacks = {}
     for name, wait_ms in (("backpressure", None), ("drop", 0)):
         root = os.path.join(work, name)

@@ -50,18 +50,17 @@ from . import coldstart, slab_set
 from .aligned import page_array
 from .config import COLD_START_MODES, L3Config, L3ConfigError
 from .counters import Counters
-from .disk import DiskSlab, check_plp, probe_plp
+from .disk import check_plp, probe_plp
 from .errors import L3OwnerLockedError, L3StoreError
-from .format import FORMAT_VERSION, PAYLOAD_OFFSET, BlobCheck, Namespace, PayloadKind, key_to_bytes, slot_bytes_for
+from .format import PAYLOAD_OFFSET, BlobCheck, Namespace, PayloadKind, key_to_bytes, slot_bytes_for
 from .fsutil import make_private_dirs
 from .index import KeySpace, L3Index, deployment_tag, now_us
-from .kinds import KindState, PageLRU
+from .kinds import KindState
 from .messages import AddKind, Admission, ClearRank, Completion, FreePages, ReloadMiss, Touch
 from .owner import OwnerLock, OwnerLockHeld
 from .reload import SlabReads, blames_entry
-from .slab_dir import check_slab_owner, read_slab_meta, slab_path, write_slab_meta
+from .slab_dir import read_slab_meta, slab_path  # noqa: F401 - re-exported for callers of the store
 from .slab_reader import SlabReader
-from .slot_pool import SlotPool
 from .staging import StagedPages, StagingPool
 from .writer import Writer
 
