@@ -19,8 +19,20 @@ rotated every round (a virtual disk's speed drifts; rotation biases no side):
   ``os.sync()`` (HiCacheFile never fsyncs: counted so both sides mean durable); reads after
   ``posix_fadvise(DONTNEED)`` of every file it wrote.
 
-Writes that the bounded L3 staging refuses are retried (that is its backpressure), counted and reported. Bytes
-read back are checked against what was written, for every side.
+* ``ours (durable)``: the same controller path with ``ack = "durable"`` (issue 20, item 7): SGLang's batch_set is
+  answered only once its pages are fdatasync'ed and committed, so the backup thread waits per call instead of
+  staging the next batch; ``ours`` is the default ``ack = "write_behind"``. Their write GB/s side by side is the
+  price of the durable acknowledgement.
+
+Writes that the bounded L3 staging refuses are retried (the old drop; the backend now waits for room itself,
+``queues.wait_ms``), counted and reported. Bytes read back are checked against what was written, for every side.
+
+``--burst`` (issue 20, item 8) instead hands a burst of write-back operations to SGLang's real backup thread at once
+(``write_storage``; nothing retries a False: SGLang logs "Write page to storage: N pages failed" and drops the rest of
+that operation) with a small L3 staging (``--burst-staging-mb``), once with brief backpressure (the default
+``queues.wait_ms``) and once with the old drop (``wait_ms = 0``), alternated: the pages the burst leaves in L3 (the
+hit rate a later prefetch could get), the write-back throughput (durable bytes over the time from the first submit
+to all durable), SGLang's warning lines and the counted drops.
 
 Without SGLang (the GPU node's image: torch, no SGLang, no lmdb unless brought along) it runs ``engine`` vs ``raw``
 only, labelled so: the L3 engine's own pages (``spill`` / ``reload_into``), not the controller path.
@@ -126,10 +138,18 @@ class Raw:
             os.unlink(self.path)
 
 
-def _l3_config_text(root: str, budget: int) -> str:
+def _l3_config_text(root: str, budget: int, *, ack: str | None = None, staging: str | None = None,
+                    wait_ms: int | None = None) -> str:
     from sglang_glm_ext.l3.config import example_config
 
     text = example_config(root).replace('budget = "1GiB"', f"budget = {budget}")
+    if ack is not None:
+        text = text.replace('ack = "write_behind"', f'ack = "{ack}"')
+    if wait_ms is not None:
+        text = text.replace("wait_ms = 5000", f"wait_ms = {wait_ms}")
+    if staging is not None:  # the burst: a small staging the burst overflows
+        return text.replace("start = 0.90", "start = 1.0").replace("stop = 0.85", "stop = 0.99").replace(
+            'staging_bytes = "256MiB"', f'staging_bytes = "{staging}"')
     # The bench measures the paths, not GC: every round starts from clear() and never reaches the GC watermark.
     text = text.replace("start = 0.90", "start = 1.0").replace("stop = 0.85", "stop = 0.99")
     text = text.replace('staging_bytes = "256MiB"', 'staging_bytes = "1GiB"').replace("max_inflight = 256",
@@ -150,6 +170,22 @@ def _med(xs):
 
 
 # ---------------------------------------------------------------------------------------------- with SGLang
+def _setup(args):
+    """The plugin and the CPU stand-ins in this process; the stack's shape, its KV page, the page count, the work dir."""
+    import sglang_glm_ext
+    from sglang_glm_ext.l3.hicache.testing import cpu_standins, stack
+
+    sglang_glm_ext.register()
+    cpu_standins.install()
+    spec = stack.StackSpec(layers=args.layers, device_pages=args.host_pages // 2, host_ratio=2.0,
+                           layout=args.layout, io_backend="direct" if args.layout == "page_first_direct" else "kernel")
+    kv_page = spec.page_size * spec.layers * spec.kv_cache_dim
+    n = max(BATCH, int(args.size_gb * 1e9) // kv_page)
+    shutil.rmtree(args.dir, ignore_errors=True)
+    os.makedirs(args.dir, mode=0o700)
+    return spec, kv_page, n, args.dir
+
+
 def run_controller(args) -> dict:
     import torch
 
@@ -160,20 +196,17 @@ def run_controller(args) -> dict:
     from sglang_glm_ext.l3.hicache.keys import storage_keys
     from sglang_glm_ext.l3.hicache.testing import cpu_standins, stack
 
-    sglang_glm_ext.register()
-    cpu_standins.install()
-    spec = stack.StackSpec(layers=args.layers, device_pages=args.host_pages // 2, host_ratio=2.0,
-                           layout=args.layout, io_backend="direct" if args.layout == "page_first_direct" else "kernel")
-    kv_page = spec.page_size * spec.layers * spec.kv_cache_dim
-    n = max(BATCH, int(args.size_gb * 1e9) // kv_page)
-    work = args.dir
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work, mode=0o700)
+    spec, kv_page, n, work = _setup(args)
     cfg = os.path.join(work, "l3", "l3.toml")
     os.makedirs(os.path.dirname(cfg))
     # target_kv for n pages (+ margin); equal_slots gives the indexer kind the same slot count (small pages).
     with open(cfg, "w") as f:
         f.write(_l3_config_text(os.path.join(work, "l3"), (n + 8) * (slot_bytes_for(kv_page) + 700_000)))
+    cfg_d = os.path.join(work, "l3d", "l3.toml")  # the same, answered only once durable (ack = "durable")
+    os.makedirs(os.path.dirname(cfg_d))
+    with open(cfg_d, "w") as f:
+        f.write(_l3_config_text(os.path.join(work, "l3d"), (n + 8) * (slot_bytes_for(kv_page) + 700_000),
+                                ack="durable"))
     file_dir = os.path.join(work, "hicache_file")
     os.makedirs(file_dir)
     os.environ.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)
@@ -181,6 +214,10 @@ def run_controller(args) -> dict:
     sa = stack.publish_server_args(spec, storage_backend=None, extra_config=None,
                                    plugin_values={"enable_cp_l3": True, "cp_l3_config": cfg})
     ours = stack.DsaStack.build(spec, sa)
+    sa_d = stack.publish_server_args(spec, storage_backend=None, extra_config=None,
+                                     plugin_values={"enable_cp_l3": True, "cp_l3_config": cfg_d})
+    ours_d = stack.DsaStack.build(spec, sa_d)
+    assert ours_d.backend.config.ack == "durable" and ours.backend.config.ack == "write_behind"
     sa_f = stack.publish_server_args(spec, storage_backend="file",
                                      extra_config=json.dumps({"file_storage_path": file_dir}))
     theirs = stack.DsaStack.build(spec, sa_f)
@@ -191,7 +228,7 @@ def run_controller(args) -> dict:
     assert plan.page_bytes == kv_page
     host_pages = min(args.host_pages, ours.host_pool("kv").page_num - 1, theirs.host_pool("kv").page_num - 1)
     ps = spec.page_size
-    kv_host = {id(s): s.host_pool("kv") for s in (ours, theirs)}
+    kv_host = {id(s): s.host_pool("kv") for s in (ours, theirs, ours_d)}
 
     def host_view(st, p):
         """Host page p's KV bytes as one flat uint8 array (page_first layouts: one contiguous block)."""
@@ -221,7 +258,7 @@ def run_controller(args) -> dict:
             part = keys[c:c + host_pages]
             yield part, torch.arange(len(part) * ps, dtype=torch.int64)
 
-    stats = {"retries": {"ours": 0, "engine": 0}}
+    stats = {"retries": {"ours": 0, "engine": 0, "ours_durable": 0}}
 
     def ctl_write(controller, keys, side):
         for part, idx in chunks(keys):
@@ -250,16 +287,20 @@ def run_controller(args) -> dict:
             check(st, len(part), what)
         return t
 
-    def side_ours(r):
-        keys = _keys(n, f"ours{r}")
-        store.clear()
-        fill(ours)
+    def side_ours(r, st_=None, side="ours"):
+        st_ = st_ or ours
+        keys = _keys(n, f"{side}{r}")
+        st_.backend.store.clear()
+        fill(st_)
         t0 = time.perf_counter()
-        ctl_write(cc, keys, "ours")
-        if not store.flush(600):
+        ctl_write(st_.controller, keys, side)
+        if not st_.backend.store.flush(600):
             raise RuntimeError("flush timed out")
         w = time.perf_counter() - t0
-        return w, ctl_read(cc, ours, keys, "ours")
+        return w, ctl_read(st_.controller, st_, keys, side)
+
+    def side_ours_durable(r):
+        return side_ours(r, ours_d, "ours_durable")
 
     def side_engine(r):
         keys = storage_keys(_keys(n, f"engine{r}"))
@@ -318,11 +359,16 @@ def run_controller(args) -> dict:
         rd = raw.read(n, lambda i, payload: np.copyto(host_view(ours, i % host_pages), payload))
         return w, rd
 
-    sides = {"raw": side_raw, "ours": side_ours, "engine": side_engine, "hicache_file": side_file}
+    sides = {"raw": side_raw, "ours": side_ours, "engine": side_engine, "hicache_file": side_file,
+             "ours_durable": side_ours_durable}
+    if args.sides:
+        sides = {k: v for k, v in sides.items() if k in args.sides.split(",")}
     res = {k: {"w": [], "r": []} for k in sides}
     names = list(sides)
     try:
         side_engine("warm")  # first touch of slabs and staging outside the timed rounds
+        if "ours_durable" in sides:
+            side_ours_durable("warm")  # its own slab: the first write into fallocated extents is slower
         for r in range(args.repeats):
             order = names[r % len(names):] + names[:r % len(names)]
             for name in order:
@@ -335,12 +381,106 @@ def run_controller(args) -> dict:
     finally:
         raw.close()
         ours.close()
+        ours_d.close()
         theirs.close()
         shutil.rmtree(work, ignore_errors=True)
     total = n * kv_page
     gbps = {k: {"write": total / _med(v["w"]) / 1e9, "read": total / _med(v["r"]) / 1e9} for k, v in res.items()}
     return {"mode": "controller", "pages": n, "page_bytes": kv_page, "bytes": total, "repeats": args.repeats,
             "layout": args.layout, "io_mode": io_mode, "gbps": gbps, "seconds": res, "retries": stats["retries"]}
+
+
+# ---------------------------------------------------------------------------------------------- burst (item 8)
+def run_burst(args) -> dict:
+    """A burst of write-back operations handed to SGLang's backup thread at once, staging smaller than the burst:
+    brief backpressure (default queues.wait_ms) vs the old drop (wait_ms = 0), alternated over the rounds."""
+    import logging
+
+    import torch
+
+    import sglang_glm_ext
+    from sglang_glm_ext.l3.format import slot_bytes_for
+    from sglang_glm_ext.l3.hicache.keys import storage_key
+    from sglang_glm_ext.l3.hicache.testing import cpu_standins, stack
+
+    spec, kv_page, n, work = _setup(args)
+    stacks = {}
+    for name, wait_ms in (("backpressure", None), ("drop", 0)):
+        root = os.path.join(work, name)
+        os.makedirs(root)
+        cfg = os.path.join(root, "l3.toml")
+        with open(cfg, "w") as f:
+            f.write(_l3_config_text(root, (n + 8) * (slot_bytes_for(kv_page) + 700_000),
+                                    staging=f"{args.burst_staging_mb}MiB", wait_ms=wait_ms))
+        sa = stack.publish_server_args(spec, storage_backend=None, extra_config=None,
+                                       plugin_values={"enable_cp_l3": True, "cp_l3_config": cfg})
+        stacks[name] = stack.DsaStack.build(spec, sa)
+    lines: list = []
+
+    class Count(logging.Handler):
+        def emit(self, record):
+            if "Write page to storage" in record.getMessage():
+                lines.append(record)
+
+    sglang_log = logging.getLogger("sglang.srt.managers.cache_controller")
+    handler = Count(logging.WARNING)
+    sglang_log.addHandler(handler)
+    ps = spec.page_size
+    res = {k: [] for k in stacks}
+    try:
+        for st in stacks.values():
+            host_pages = min(args.host_pages, st.host_pool("kv").page_num - 1)
+            buf = st.host_pool("kv").kv_buffer.view(torch.uint8).reshape(st.host_pool("kv").page_num, -1)
+            buf[:host_pages] = torch.randint(0, 256, buf[:host_pages].shape, dtype=torch.uint8)
+        for r in range(args.repeats):
+            for name in (("backpressure", "drop") if r % 2 == 0 else ("drop", "backpressure")):
+                st = stacks[name]
+                be, cc, store = st.backend, st.controller, st.backend.store
+                store.clear()
+                host_pages = min(args.host_pages, st.host_pool("kv").page_num - 1)
+                keys = _keys(n, f"burst{name}{r}")
+                ops = [keys[c:c + host_pages] for c in range(0, n, host_pages)]
+                before = (len(lines), store.stats()["dropped_staging"])
+                t0 = time.perf_counter()
+                for part in ops:  # the whole burst queued at once: SGLang's backup thread takes it op by op
+                    cc.write_storage(torch.arange(len(part) * ps, dtype=torch.int64), [], hash_value=part)
+                acked = sum(cc.ack_backup_queue.get(timeout=900).completed_tokens for _ in ops) // ps
+                if not store.flush(900):
+                    raise RuntimeError("flush timed out")
+                t = time.perf_counter() - t0
+                kind = be.kinds["kv"]
+                in_l3 = sum(store.exists(kind, [storage_key(k)], include_staged=False) for k in keys)
+                row = {"pages": n, "acked": acked, "in_l3": in_l3, "seconds": t,
+                       "durable_gbps": in_l3 * kv_page / t / 1e9, "offered_gbps": n * kv_page / t / 1e9,
+                       "sglang_failed_lines": len(lines) - before[0],
+                       "dropped_staging": store.stats()["dropped_staging"] - before[1]}
+                res[name].append(row)
+                print(f"  round {r} {name:<12} in L3 {in_l3}/{n} ({in_l3 / n:.0%}), acked {acked}, "
+                      f"{row['durable_gbps']:.2f} GB/s durable, {row['sglang_failed_lines']} SGLang lines, "
+                      f"{row['dropped_staging']} dropped", flush=True)
+    finally:
+        sglang_log.removeHandler(handler)
+        for st in stacks.values():
+            st.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return {"mode": "burst", "pages": n, "page_bytes": kv_page, "staging_mb": args.burst_staging_mb,
+            "repeats": args.repeats, "rounds": res}
+
+
+def render_burst(res: dict) -> str:
+    out = [f"Write burst through SGLang's backup thread: {res['pages']} pages x {res['page_bytes']:,} B queued at "
+           f"once, L3 staging {res['staging_mb']} MiB, median of {res['repeats']} (alternated)",
+           f"{'':<14} {'in L3 (hit rate)':>17} {'durable GB/s':>13} {'SGLang lines':>13} {'dropped':>8}"]
+    for name, rows in res["rounds"].items():
+        hit = _med([x["in_l3"] / x["pages"] for x in rows])
+        out.append(f"{name:<14} {hit:>16.1%} {_med([x['durable_gbps'] for x in rows]):>13.2f} "
+                   f"{_med([x['sglang_failed_lines'] for x in rows]):>13.0f} "
+                   f"{_med([x['dropped_staging'] for x in rows]):>8.0f}")
+    b, d = res["rounds"]["backpressure"], res["rounds"]["drop"]
+    q = [x["durable_gbps"] / y["durable_gbps"] for x, y in zip(b, d) if y["durable_gbps"]]
+    if q:
+        out.append(f"backpressure/drop durable GB/s per round pair: {_med(q):.2f}x ({min(q):.2f}-{max(q):.2f})")
+    return "\n".join(out)
 
 
 # ---------------------------------------------------------------------------------------------- without SGLang
@@ -440,6 +580,9 @@ def render(res: dict) -> str:
             lines.append(f"{what:<22} {g['engine'][op]:>12.2f} {g['raw'][op]:>10.2f} {q:>10.2f}x {'>=0.8x':>7} "
                          f"{'PASS' if q >= 0.8 else 'FAIL'}")
         return "\n".join(lines)
+    if not {"ours", "engine", "raw", "hicache_file"} <= set(g):
+        return "\n".join([head] + [f"{k:<14} write {v['write']:.2f} GB/s  read {v['read']:.2f} GB/s"
+                                    for k, v in g.items()] + _ack_line(res, g))
     lines = [f"L3 through SGLang's HiCache controller (v1 zero-copy), layout {res['layout']}", head,
              f"{'':<22} {'ours':>6} {'engine':>7} {'raw':>6} {'HiCacheFile':>12} | {'ours/raw':>8} "
              f"{'ours/engine':>11} {'ours/HiCacheFile':>16} | targets ours/raw, ours/engine >= 0.8x"]
@@ -450,7 +593,21 @@ def render(res: dict) -> str:
                      f"{o / f:>15.2f}x | {ok}")
     lines.append(f"{'engine/raw':<22} write {g['engine']['write'] / g['raw']['write']:.2f}x, read "
                  f"{g['engine']['read'] / g['raw']['read']:.2f}x")
-    return "\n".join(lines)
+    return "\n".join(lines + _ack_line(res, g))
+
+
+def _ack_line(res: dict, g: dict) -> list:
+    if "ours_durable" not in g or "ours" not in g:
+        return []
+    d, o = g["ours_durable"]["write"], g["ours"]["write"]
+    return [f"{'write-back, ack modes':<22} write_behind {o:.2f} GB/s, durable {d:.2f} GB/s: durable/write_behind "
+            f"{d / o:.2f}x (medians; paired per round {_paired(res, 'ours_durable', 'ours')})"]
+
+
+def _paired(res: dict, a: str, b: str) -> str:
+    """a/b write throughput per round (the two sides ran minutes apart at most), as 'median (min-max)'."""
+    q = [tb / ta for ta, tb in zip(res["seconds"][a]["w"], res["seconds"][b]["w"])]
+    return f"{_med(q):.2f}x ({min(q):.2f}-{max(q):.2f})" if q else "-"
 
 
 def main(argv=None) -> int:
@@ -465,6 +622,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default=None, help="directory on the disk under test (default: a new one in /var/tmp)")
     ap.add_argument("--engine-only", action="store_true", help="engine vs raw only (what runs without SGLang)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    ap.add_argument("--sides", default="", help="comma list of sides to run (default: all): raw, ours, engine, "
+                    "hicache_file, ours_durable")
+    ap.add_argument("--burst", action="store_true", help="the write-burst comparison: backpressure vs drop (item 8)")
+    ap.add_argument("--burst-staging-mb", type=int, default=64, help="L3 staging of the burst stacks (MiB)")
     args = ap.parse_args(argv)
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
@@ -477,10 +638,10 @@ def main(argv=None) -> int:
             print(f"SGLang not importable ({type(e).__name__}: {e}): running engine vs raw O_DIRECT only")
             mode = True
     try:
-        res = run_engine_only(args) if mode else run_controller(args)
+        res = run_burst(args) if args.burst and not mode else run_engine_only(args) if mode else run_controller(args)
     finally:
         shutil.rmtree(args.dir, ignore_errors=True)  # also after a failure before a side's own clean-up
-    print(render(res))
+    print(render_burst(res) if res["mode"] == "burst" else render(res))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

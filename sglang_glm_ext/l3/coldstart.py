@@ -5,11 +5,22 @@ thread exists (so it alone touches the pools and LRUs here).
   blobs on disk are inert and overwritten lazily. Other ranks' and other deployments' entries are untouched.
 * ``load``: rebuild the slot pools and LRUs from the index entries alone -- one scan of the deployment's key
   range, no slab read -- so it costs O(entries), whatever the page size and the disk (seconds per million pages,
-  not one 4 KiB read per page). An entry of this rank and namespace is kept if its slab is one this build may keep
-  (see below), it names this rank's disk and a slot in range, and no newer entry names the same slot; every other
-  entry of this rank is deleted before the writer starts. So the entries that name this rank's slabs are exactly
-  the allocated slots (l3_design.md, crash-safety point 3). A kind the store adds after open (``add_kind``:
-  SGLang's sidecar draft pools) gets the same rule from :func:`load_kind` before the writer takes its pool over.
+  not one 4 KiB read per page). A load keeps every entry of this rank it can prove valid, WHATEVER ITS NAMESPACE
+  (issue 20, item 6: two models taking turns on one L3 directory no longer evict each other at every restart): an
+  entry is kept if the slab it names is one this build may keep (see below), it names this rank's disk and a slot
+  in range, and no newer entry names the same slot. Entries of this slab's other namespaces occupy their slots and
+  join the same GC LRU (coldest first, any namespace); only ``clear`` and GC remove them. Every other entry of
+  this rank is deleted before the writer starts. So the entries that name this rank's slabs are exactly the
+  allocated slots (l3_design.md, crash-safety point 3). A kind the store adds after open (``add_kind``: SGLang's
+  sidecar draft pools) gets the same rule from :func:`load_kind` before the writer takes its pool over; entries
+  of a kind this store does not open are left alone (nobody writes that kind's slab meanwhile).
+
+Which slab an entry names: an index entry says (rank, disk, slot), not a file. A kind has one slab per slot size
+(slab_set.py): the slab of this store's page size, and any of other page sizes beside it (retired). An entry of this
+store's namespace names its own slab (one namespace, one page size); another namespace's entry names the slab whose
+sidecar lists that namespace (``KindState.slab_of``), this slab if it is the kind's only one; an entry that cannot
+be placed (several slabs, none lists it) is dropped. Kept entries of a retired slab join its own LRU (no pool:
+nothing is written there).
 
 Why no slab read is needed: an entry is committed only after its payload's fdatasync (and reclaim deletes the
 entry before the slot is reused), so a kept entry names a slot that held its page when the index said so; and every
@@ -19,12 +30,12 @@ never committed has no entry, so it is free again. ``fsck`` still reads every re
 
 A slab's entries are all dropped (its pages become misses, its slots free) when its previous sidecar does not
 show a slab of this format and geometry: it was created by this open, it has no sidecar, the sidecar names an
-older format version (v1 blobs: the upgrade policy in l3_format.md) or other slot or page sizes.
+older format version (v1 blobs: the upgrade policy in l3_format.md) or another slot size, or a slot count the file
+did not have (a budget change resizes the file in place and keeps the slots that remain: same slot size, same
+boundaries). The page size in the sidecar is the last owner's and says nothing about other namespaces' blobs.
 
-Either way, entries of this deployment+rank under ANOTHER namespace are dropped: the rank's slabs are reused by the
-current namespace, so such entries would point at slots this process will hand out. The stale drop matches on
-location only: this store owns (deployment, rank) and its writer does not exist yet, so nobody else can have
-written an entry naming its slots, and a touch must not save a stale entry.
+The stale drop matches on location only: this store owns (deployment, rank) and its writer does not exist yet, so
+nobody else can have written an entry naming its slots, and a touch must not save a stale entry.
 """
 
 from __future__ import annotations
@@ -39,7 +50,7 @@ import numpy as np
 
 from .errors import L3StoreError
 from .format import FORMAT_VERSION, PayloadKind
-from .index import IndexEntry, KeySpace, L3Index
+from .index import IndexEntry, KeySpace, L3Index, namespace_and_kind
 from .kinds import KindState
 
 __all__ = ["ColdStart", "apply", "load_kind", "slab_verdict"]
@@ -50,9 +61,10 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ColdStart:
     mode: str
-    loaded_pages: int  # entries kept (load)
+    loaded_pages: int  # entries of this store's namespace kept (load): pages it serves
     stale_dropped: int  # entries of this rank deleted because they cannot name a live page of this store (load)
     discarded: tuple = ()  # (kind label, why) for each slab whose entries were all dropped (load)
+    other_pages: int = 0  # entries of other namespaces kept (load): other models' pages, in this rank's slabs
 
 
 def slab_verdict(st: KindState, meta: "dict | None") -> "str | None":
@@ -64,9 +76,11 @@ def slab_verdict(st: KindState, meta: "dict | None") -> "str | None":
         return "the slab has no sidecar"
     if meta.get("format_version") != FORMAT_VERSION:
         return f"its blobs are format v{meta.get('format_version')}, this build serves v{FORMAT_VERSION}"
-    for name, want in (("slot_bytes", st.slot_bytes), ("num_slots", st.num_slots), ("page_bytes", st.page_bytes)):
-        if meta.get(name) != want:
-            return f"its sidecar says {name}={meta.get(name)!r}, this store uses {want}"
+    if meta.get("slot_bytes") != st.slot_bytes:
+        return f"its sidecar says slot_bytes={meta.get('slot_bytes')!r}, this store uses {st.slot_bytes}"
+    n = meta.get("num_slots")
+    if n != st.num_slots and n != getattr(st.slab, "resized_from", None):
+        return f"its sidecar says num_slots={n!r}, the file had {getattr(st.slab, 'resized_from', None) or st.num_slots}"
     return None
 
 
@@ -103,59 +117,89 @@ def _apply(mode, index, keys, rank, disk, kinds, prior_meta, deferred) -> ColdSt
     # One scan of the deployment's range (every namespace), not a key search per entry: a damaged key must neither
     # end the walk nor hide the entries after it.
     scan = index.scan(keys.deployment)
-    # Which (namespace, kind) a key belongs to, by its KeySpace prefix: one slice and one dict lookup per entry
-    # (the load's cost is this loop, so it stays O(1) per entry and allocation-free for other ranks' entries).
+    done = _place(scan.items, keys, rank, disk, kinds, prior_meta, deferred)
+    return _commit(index, scan, done)
+
+
+def _place(items, keys: KeySpace, rank: int, disk: int, kinds, prior_meta, deferred, only=None) -> "_Placed":
+    """Sort this rank's entries onto their slabs and keep what may be kept (module docstring). ``only``: one kind."""
+    # This store's own keys by their KeySpace prefix: one slice and one dict lookup per entry (the load's cost is
+    # this loop, so it stays O(1) per entry and allocation-free for other ranks' entries).
     ours = {keys.prefix(k): k for k in PayloadKind}
     plen = len(next(iter(ours)))
-    stale: list[tuple[bytes, IndexEntry]] = []
-    by_kind: dict[PayloadKind, list[tuple[bytes, IndexEntry]]] = {}
-    for item in scan.items:
+    own = keys.namespace
+    placed = _Placed()
+    per_slab: dict[int, tuple] = {}
+    for item in items:
         if item[1].rank != rank:
             continue
         kind = ours.get(item[0][:plen])
-        if kind is None:  # another namespace of this deployment: its slots are this store's now
-            stale.append(item)
-        else:
-            by_kind.setdefault(kind, []).append(item)
-    loaded, discarded = 0, []
-    for kind, items in by_kind.items():
-        st = kinds.get(kind)
-        if st is None and kind in deferred:
-            continue  # load_kind decides when the store adds the kind (nobody writes its slab until then)
-        why = "a kind this store does not serve" if st is None else slab_verdict(st, prior_meta.get(kind))
-        if why is not None:
-            _discard(kind, items, why, rank, stale, discarded)
+        ns = own
+        if kind is None:
+            ns, kb = namespace_and_kind(item[0])
+            kind = PayloadKind.from_byte(kb)
+            if kind is None:  # a kind byte no build defines (a damaged key): no slab can hold it
+                placed.stale.append(item)
+                continue
+        if only is not None and kind is not only:
             continue
-        loaded += _keep(st, items, disk, stale)
+        st = kinds.get(kind)
+        if st is None:
+            continue  # a kind this store does not open (yet): nobody writes its slab meanwhile, its entries stay
+        target = st.slab_of(ns, own)
+        if target is None:
+            placed.stale.append(item)  # several slabs of the kind and no sidecar lists its namespace
+            continue
+        per_slab.setdefault(id(target), (st, target, []))[2].append(item)
+    for st, target, its in per_slab.values():
+        if target is st:
+            why = slab_verdict(st, prior_meta.get(st.kind))
+            if why is not None:
+                _discard(st.kind, its, why, rank, placed.stale, placed.discarded)
+                continue
+            best = _keep(st.num_slots, its, disk, placed.stale)
+            st.pool.rebuild_from_allocated(np.fromiter(best, dtype=np.int64, count=len(best)))
+            st.lru.load([(key, e.last_access, slot) for slot, (key, e) in best.items()])
+        else:
+            if not target.usable:
+                _discard(st.kind, its, f"its slab {target.path} cannot be vouched for", rank, placed.stale,
+                         placed.discarded)
+                continue
+            best = _keep(target.num_slots, its, disk, placed.stale)
+            target.lru.load([(key, e.last_access, slot) for slot, (key, e) in best.items()])
+        mine = sum(1 for key, _ in best.values() if key[:plen] in ours)
+        placed.loaded += mine
+        placed.other += len(best) - mine
+    return placed
+
+
+class _Placed:
+    __slots__ = ("stale", "discarded", "loaded", "other")
+
+    def __init__(self):
+        self.stale: list[tuple[bytes, IndexEntry]] = []
+        self.discarded: list = []
+        self.loaded = 0
+        self.other = 0
+
+
+def _commit(index, scan, placed: "_Placed") -> ColdStart:
     # Stale entries point at slots this rank may now hand out: remove them before any write can happen.
-    if stale and index.delete_scanned(stale, damaged=bool(scan.damaged)) is None:
-        raise L3StoreError("index map full while dropping stale entries; enlarge index.map_size")
-    return ColdStart(mode, loaded, len(stale), tuple(discarded))
+    if placed.stale and index.delete_scanned(placed.stale, damaged=bool(scan.damaged)) is None:
+        raise L3StoreError(f"index refused to drop stale entries ({index.last_refusal or 'map full'}); enlarge "
+                           "index.map_size or free space on the index's file system")
+    return ColdStart("load", placed.loaded, len(placed.stale), tuple(placed.discarded), placed.other)
 
 
 def load_kind(index: L3Index, keys: KeySpace, rank: int, disk: int, st: KindState,
               prior_meta: "dict | None") -> ColdStart:
     """``load`` for one kind a store adds after open, before the writer owns its pool: the same rule as
     :func:`apply` (index entries alone, no slab read; a slab it cannot vouch for keeps none), over this rank's
-    entries of that kind only (nobody else writes this rank's slab of it)."""
+    entries of that kind only, every namespace (nobody else writes this rank's slabs of it)."""
     with _no_cyclic_gc():
-        return _load_kind(index, keys, rank, disk, st, prior_meta)
-
-
-def _load_kind(index, keys, rank, disk, st, prior_meta) -> ColdStart:
-    scan = index.scan(keys.prefix(st.kind))
-    items = [item for item in scan.items if item[1].rank == rank]
-    stale: list[tuple[bytes, IndexEntry]] = []
-    discarded: list = []
-    loaded = 0
-    why = slab_verdict(st, prior_meta) if items else None
-    if why is not None:
-        _discard(st.kind, items, why, rank, stale, discarded)
-    else:
-        loaded = _keep(st, items, disk, stale)
-    if stale and index.delete_scanned(stale, damaged=bool(scan.damaged)) is None:
-        raise L3StoreError("index map full while dropping stale entries; enlarge index.map_size")
-    return ColdStart("load", loaded, len(stale), tuple(discarded))
+        scan = index.scan(keys.deployment)
+        done = _place(scan.items, keys, rank, disk, {st.kind: st}, {st.kind: prior_meta}, (), only=st.kind)
+        return _commit(index, scan, done)
 
 
 def _discard(kind: PayloadKind, items: list, why: str, rank: int, stale: list, discarded: list) -> None:
@@ -164,15 +208,14 @@ def _discard(kind: PayloadKind, items: list, why: str, rank: int, stale: list, d
     log.info("L3 cold start (load), rank %d: dropping %d entries of %s: %s", rank, len(items), kind.label, why)
 
 
-def _keep(st: KindState, items: list, disk: int, stale: list) -> int:
-    """Occupy exactly the slots this kind's entries name (on this rank's disk, in range, one entry per slot: the
-    newest commit wins, since a slot is rewritten only after its older entry's delete committed, so a duplicate is
-    a delete that never landed; verify-on-read covers the rest); append every other entry to ``stale``."""
+def _keep(num_slots: int, items: list, disk: int, stale: list) -> "dict[int, tuple[bytes, IndexEntry]]":
+    """The slots a slab's entries name (on this rank's disk, in range, one entry per slot: the newest commit wins,
+    since a slot is rewritten only after its older entry's delete committed, so a duplicate is a delete that never
+    landed; verify-on-read covers the rest): slot -> (key, entry). Every other entry goes to ``stale``."""
     best: dict[int, tuple[bytes, IndexEntry]] = {}
-    n = st.num_slots
     for item in items:
         e = item[1]
-        if e.disk != disk or not 0 <= e.slot < n:
+        if e.disk != disk or not 0 <= e.slot < num_slots:
             stale.append(item)
             continue
         other = best.setdefault(e.slot, item)
@@ -182,6 +225,4 @@ def _keep(st: KindState, items: list, disk: int, stale: list) -> int:
                 best[e.slot] = item
             else:
                 stale.append(item)
-    st.pool.rebuild_from_allocated(np.fromiter(best, dtype=np.int64, count=len(best)))
-    st.lru.load([(key, e.last_access, slot) for slot, (key, e) in best.items()])
-    return len(best)
+    return best

@@ -54,6 +54,7 @@ __all__ = [
     "DiskConfig",
     "L3Config",
     "COLD_START_MODES",
+    "ACK_MODES",
     "PLP_MODES",
     "parse_size",
     "example_config",
@@ -61,6 +62,10 @@ __all__ = [
 ]
 
 COLD_START_MODES = ("clear", "load")
+# When SGLang's write-back (batch_set) is answered (issue 20, item 7): once the pages are in staging and the host copy
+# may be released ("write_behind": durable milliseconds later; a crash in between loses them, l3_design.md), or once
+# they are durable ("durable": fdatasync'ed and committed, nothing acknowledged is lost).
+ACK_MODES = ("write_behind", "durable")
 # Who writes a replicated (MLA/DSA) page under CP / attention TP (hicache/owners.py): one owner per page among
 # the node's replicas ("spread", write bandwidth grows with the node's disks) or the node's first replica.
 WRITER_MODES = ("spread", "one_per_node")
@@ -150,6 +155,7 @@ class L3Config:
     rank_to_disk: tuple[int, ...] = (0,)
     deployment_id: str = "default"
     cold_start: str = "clear"
+    ack: str = "write_behind"  # ACK_MODES: when the HiCache backend answers SGLang's batch_set
     require_plp: bool = False
     plp: str = "auto"
     direct_io: str = "auto"
@@ -158,6 +164,10 @@ class L3Config:
     gc_budget_per_round: int = 64
     staging_bytes: int = 256 * 2**20
     max_inflight: int = 256
+    # How long one write-back call of SGLang's backup thread may wait: for staging room when it is full (brief
+    # backpressure instead of a dropped page, issue 20 item 8; 0 = drop at once) and, with ack = "durable", for its
+    # pages to become durable. SGLang's backup thread runs off the scheduler: a wait there costs no decode step.
+    wait_ms: int = 5000
     write_batch_pages: int = 32
     io_threads: int = 4
     reload_threads: int = 4
@@ -193,8 +203,8 @@ class L3Config:
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "<dict>", base_dir: str | None = None) -> "L3Config":
         if not isinstance(data, Mapping):
             raise L3ConfigError("<root>: expected a table/object")
-        known = {"deployment_id", "cold_start", "require_plp", "plp", "direct_io", "disks", "ranks", "index", "gc",
-                 "queues", "payload_split", "payload_weights", "writers"}
+        known = {"deployment_id", "cold_start", "ack", "require_plp", "plp", "direct_io", "disks", "ranks", "index",
+                 "gc", "queues", "payload_split", "payload_weights", "writers"}
         for k in data:
             if k not in known:
                 raise L3ConfigError(f"{k}: unknown key (known: {', '.join(sorted(known))})")
@@ -223,6 +233,9 @@ class L3Config:
                 raise L3ConfigError(f"cold_start: unknown mode {override!r} from {CP_L3_COLD_START.name} "
                                     f"(expected one of {COLD_START_MODES})")
             cold = override
+        ack = _get(data, "ack", "ack", str, "write_behind")
+        if ack not in ACK_MODES:
+            raise L3ConfigError(f"ack: unknown mode {ack!r} (expected one of {ACK_MODES})")
         require_plp = _get(data, "require_plp", "require_plp", bool, False)
         plp = _get(data, "plp", "plp", str, "auto")
         if plp not in PLP_MODES:
@@ -298,12 +311,18 @@ class L3Config:
         gc_budget = _pos_int(gc.get("budget_per_round", 64), "gc.budget_per_round")
 
         q = _get(data, "queues", "queues", Mapping, {})
-        qknown = ("staging_bytes", "max_inflight", "write_batch_pages", "io_threads", "reload_threads")
+        qknown = ("staging_bytes", "max_inflight", "wait_ms", "write_batch_pages", "io_threads", "reload_threads")
         for k in q:
             if k not in qknown:
                 raise L3ConfigError(f"queues.{k}: unknown key (known: {', '.join(qknown)})")
         staging = parse_size(q.get("staging_bytes", 256 * 2**20), "queues.staging_bytes")
         max_inflight = _pos_int(q.get("max_inflight", 256), "queues.max_inflight")
+        wait_ms = q.get("wait_ms", 5000)
+        if isinstance(wait_ms, bool) or not isinstance(wait_ms, int) or not 0 <= wait_ms <= 600_000:
+            raise L3ConfigError(f"queues.wait_ms: expected an integer in [0, 600000] (milliseconds), got {wait_ms!r}")
+        if ack == "durable" and wait_ms == 0:
+            raise L3ConfigError("queues.wait_ms: ack = 'durable' answers SGLang once its pages are durable, so it needs "
+                                "a wait (e.g. 5000); 0 would answer every write as failed")
         batch = _pos_int(q.get("write_batch_pages", 32), "queues.write_batch_pages")
         io_threads = _pos_int(q.get("io_threads", 4), "queues.io_threads")
         reload_threads = _pos_int(q.get("reload_threads", 4), "queues.reload_threads")
@@ -337,9 +356,10 @@ class L3Config:
 
         return cls(
             disks=tuple(disks), index_path=index_path, index_map_size=map_size, num_ranks=count,
-            rank_to_disk=r2d, deployment_id=dep, cold_start=cold, require_plp=require_plp, plp=plp,
+            rank_to_disk=r2d, deployment_id=dep, cold_start=cold, ack=ack, require_plp=require_plp, plp=plp,
             direct_io=direct, gc_start=gc_start, gc_stop=gc_stop, gc_budget_per_round=gc_budget,
-            staging_bytes=staging, max_inflight=max_inflight, write_batch_pages=batch, io_threads=io_threads,
+            staging_bytes=staging, max_inflight=max_inflight, wait_ms=wait_ms, write_batch_pages=batch,
+            io_threads=io_threads,
             reload_threads=reload_threads, payload_weights=weights, writer_mode=writer_mode, source=source,
         )
 
@@ -408,6 +428,8 @@ def example_config(dir: str | os.PathLike) -> str:
     return f'''# sglang-glm-ext L3 disk tier. Sizes accept integers (bytes) or strings like "64MiB" / "2GB".
 deployment_id = "example"
 cold_start = "clear"        # "clear" (start empty) | "load" (keep what the index and slabs still agree on)
+ack = "write_behind"        # SGLang's write-back answered once pages are staged (durable ms later; a crash in
+                            # between loses them) | "durable" (answered once fdatasync'ed and committed)
 require_plp = false         # true: refuse a disk that is not known to have power-loss protection
 plp = "auto"                # "auto" (ask the block device) | "assume_safe" | "assume_unsafe"
 direct_io = "auto"          # "auto" (O_DIRECT, buffered fallback) | "on" | "off"
@@ -436,6 +458,8 @@ budget_per_round = 64
 [queues]
 staging_bytes = "256MiB"
 max_inflight = 256
+wait_ms = 5000              # staging full: a write-back waits this long for room (0: drop at once); ack = "durable":
+                            # also the longest it waits for its pages to be durable
 write_batch_pages = 32
 io_threads = 4
 reload_threads = 4

@@ -5,8 +5,15 @@ preallocation, and the I/O mode -- O_DIRECT where the filesystem accepts it, els
 (``io_mode`` / ``fallback_reason`` say which and why).
 
 Existing files: a slab whose size is exactly ``slot_bytes * num_slots`` is reopened as is (its blobs are the
-durable tier); any other size is a ``SlabGeometryError`` -- silently resizing would reinterpret every slot
-boundary, so the operator must delete the file or restore the old geometry.
+durable tier). With ``resize=True`` (the store: a budget change keeps the page size) a slab whose size is another
+multiple of ``slot_bytes`` is resized in place -- the slot boundaries do not move, so the slots that remain keep
+their blobs (the store drops the entries of slots past a shrunk end); a size that is no multiple (a file cut short)
+loses its partial last slot as well. Without ``resize`` any other size is a ``SlabGeometryError``. The store gives
+another slot size its own file (slab_dir.py), so no slot boundary is ever reinterpreted.
+
+``prealloc_slots``: only the first slots are preallocated (the rest of the file is sparse until :meth:`reserve`
+allocates it): a slab that shares its budget with an older geometry's slab holds only what the budget leaves it.
+:meth:`punch` gives a freed slot's blocks back to the file system (``FALLOC_FL_PUNCH_HOLE``).
 
 Preallocation uses fallocate(2) mode 0 (what posix_fallocate does on ext4/xfs), called directly: glibc's
 posix_fallocate silently emulates on filesystems without fallocate by writing one byte per 4 KiB block, which
@@ -62,11 +69,15 @@ def _libc_fallocate():
 _FALLOCATE = _libc_fallocate()
 
 
-def _fallocate(fd: int, length: int) -> None:
-    """Allocate blocks for [0, length); raises OSError (EOPNOTSUPP where the filesystem cannot)."""
+_PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+
+
+def _fallocate(fd: int, length: int, *, offset: int = 0, mode: int = 0) -> None:
+    """Allocate blocks for [offset, offset + length) (mode 0), or punch them out (``_PUNCH_HOLE``); raises OSError
+    (EOPNOTSUPP where the filesystem cannot)."""
     if _FALLOCATE is None:
         raise OSError(errno.EOPNOTSUPP, "fallocate(2) not available in libc")
-    if _FALLOCATE(fd, 0, 0, length) != 0:
+    if _FALLOCATE(fd, mode, offset, length) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
@@ -97,6 +108,7 @@ class DiskSlab:
         self.prealloc = prealloc
         self.prealloc_reason = prealloc_reason
         self.created = created
+        self.resized_from: "int | None" = None  # the slot count before open resized it (resize=True), else None
         self._reader = SlabReader.over(fd, path, slot_bytes, num_slots, io_mode)
         # Diagnostics only (tests, bench): unlocked increments may undercount when several threads do I/O.
         self.counters = self._reader.counters
@@ -130,9 +142,11 @@ class DiskSlab:
 
     @classmethod
     def open(cls, path, *, slot_bytes: int, num_slots: int, create: bool = True,
-             direct: "str | bool" = "auto") -> "DiskSlab":
+             direct: "str | bool" = "auto", resize: bool = False,
+             prealloc_slots: "int | None" = None) -> "DiskSlab":
         path = os.path.abspath(os.fspath(path))
         size = cls._check_geometry(path, slot_bytes, num_slots, direct)
+        prealloc = size if prealloc_slots is None else max(0, min(num_slots, prealloc_slots)) * slot_bytes
 
         try:
             if create:
@@ -161,11 +175,19 @@ class DiskSlab:
                     f"one deployment and rank are refused") from None
             locked = True
             current = os.fstat(fd).st_size
+            resized_from = None
             if current not in (0, size):
-                raise SlabGeometryError(
-                    f"L3 slab {path} is {current} B but the config asks for {num_slots} slots x {slot_bytes} B = "
-                    f"{size} B; delete the file (its cached pages are lost) or restore the old geometry")
-            prealloc, prealloc_reason = cls._preallocate(fd, path, size, created=not existed)
+                if not resize:
+                    raise SlabGeometryError(
+                        f"L3 slab {path} is {current} B but the config asks for {num_slots} slots x {slot_bytes} B "
+                        f"= {size} B; delete the file (its cached pages are lost) or restore the old geometry")
+                # Same slot size: the boundaries stay, the slots past a shrunk end go. A size that is no multiple of
+                # it (a file cut short) loses its partial last slot too: that page reads back as zeros, a miss.
+                if current % slot_bytes:
+                    os.ftruncate(fd, current - current % slot_bytes)
+                os.ftruncate(fd, size)
+                resized_from = current // slot_bytes if current % slot_bytes == 0 else None
+            prealloc, prealloc_reason = cls._preallocate(fd, path, size, created=not existed, region=prealloc)
             if not existed:
                 # A new slab's size / extents and its name must be durable before any index entry points into
                 # it: fsync the file's metadata, then the directory that holds its name.
@@ -177,18 +199,25 @@ class DiskSlab:
             if locked and not existed:  # only a file this call created and nobody else could have opened
                 _unlink_quietly(path)
             raise
-        return cls(path=path, fd=fd, slot_bytes=slot_bytes, num_slots=num_slots, io_mode=io_mode,
+        slab = cls(path=path, fd=fd, slot_bytes=slot_bytes, num_slots=num_slots, io_mode=io_mode,
                    fallback_reason=fallback_reason, prealloc=prealloc, prealloc_reason=prealloc_reason,
                    created=not existed)
+        slab.resized_from = resized_from
+        return slab
 
     @staticmethod
-    def _preallocate(fd: int, path: str, size: int, *, created: bool) -> "tuple[str, str | None]":
+    def _preallocate(fd: int, path: str, size: int, *, created: bool, region: "int | None" = None
+                     ) -> "tuple[str, str | None]":
+        region = size if region is None else region
         try:
-            _fallocate(fd, size)
+            if region:
+                _fallocate(fd, region)
+            if os.fstat(fd).st_size < size:
+                os.ftruncate(fd, size)  # the rest stays sparse until reserve()
             return "fallocate", None
         except OSError as e:
             if e.errno == errno.ENOSPC:
-                raise SlabError(f"L3 slab {path}: no space to preallocate {size} B; lower the disk budget") from e
+                raise SlabError(f"L3 slab {path}: no space to preallocate {region} B; lower the disk budget") from e
             if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
                 raise SlabError(f"L3 slab {path}: preallocation failed: {e}") from e
             os.ftruncate(fd, size)
@@ -264,6 +293,36 @@ class DiskSlab:
                 raise OSError(errno.EIO, f"write made no progress at byte {done} of {n} (slot {slot}, {self.path})")
             done += wrote
         self.counters["writes"] += 1
+
+    def reserve(self, slots: int) -> None:
+        """Allocate the blocks of the first ``slots`` slots (a grown capacity). OSError (ENOSPC...) propagates;
+        a file system without fallocate is left sparse, as at open."""
+        if self.prealloc != "fallocate" or slots <= 0:
+            return
+        _fallocate(self._fd, min(slots, self.num_slots) * self.slot_bytes)
+
+    def punch(self, slots) -> int:
+        """Give the blocks of these (free, unreferenced) slots back to the file system; they read as zeros (an
+        ``empty`` slot). Runs of adjacent slots are one call. Returns the slots punched (0 where the file system
+        cannot punch holes: the space then stays held, which is only a missed saving)."""
+        runs: list[list[int]] = []
+        for s in sorted(int(x) for x in slots):
+            if runs and s == runs[-1][1]:
+                runs[-1][1] = s + 1
+            else:
+                runs.append([s, s + 1])
+        n = 0
+        for lo, hi in runs:
+            try:
+                _fallocate(self._fd, (hi - lo) * self.slot_bytes, offset=lo * self.slot_bytes, mode=_PUNCH_HOLE)
+            except OSError:
+                return n
+            n += hi - lo
+        return n
+
+    def held_bytes(self) -> int:
+        """Bytes of the file system this slab holds now (allocated blocks)."""
+        return os.fstat(self._fd).st_blocks * 512
 
     def sync(self) -> None:
         """fdatasync, also under O_DIRECT: it flushes the drive's volatile cache and commits the unwritten-extent

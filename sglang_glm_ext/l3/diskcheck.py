@@ -1,8 +1,15 @@
-"""Whether a configured L3 path can take O_DIRECT writes and has room for its budget (used by `doctor`)."""
+"""Whether a configured L3 path can take O_DIRECT writes and has room for its budget.
+
+One computation of "does the budget fit" (:func:`budget_fit`), used by ``doctor`` and by the launch check
+(``hicache/hooks.check_l3_config``, before the model loads): for every file system the config's disks live on, the
+slab bytes the budget will preallocate there, minus what this deployment's slabs already hold on it (an existing,
+preallocated slab is space already taken, not needed again), must fit in its free space.
+"""
 
 from __future__ import annotations
 
 import errno
+import glob
 import mmap
 import os
 import tempfile
@@ -37,19 +44,91 @@ def o_direct_works(directory: str) -> tuple[bool | None, str]:
         os.unlink(path)
 
 
+def nearest_dir(path: str) -> str:
+    """``path`` or its nearest existing ancestor (where a not-yet-created path would live)."""
+    p = os.path.abspath(path)
+    while not os.path.isdir(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    return p
+
+
+def free_bytes(path: str) -> int:
+    """Bytes an unprivileged writer may still allocate on ``path``'s file system."""
+    st = os.statvfs(nearest_dir(path))
+    return st.f_bavail * st.f_frsize
+
+
+def _gib(n: int) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def slab_bytes_held(cfg, disk: int) -> int:
+    """Bytes this deployment's slab files already hold on disk ``disk`` (allocated blocks, so a sparse slab counts
+    what it really holds), over every rank mapped to it."""
+    held = 0
+    for rank in cfg.ranks_on_disk(disk):
+        for path in glob.glob(os.path.join(glob.escape(cfg.slab_dir(rank, disk)), "*.slab")):
+            try:
+                held += os.stat(path).st_blocks * 512
+            except OSError:
+                pass
+    return held
+
+
+def budget_fit(cfg, source: str | None = None) -> list[dict[str, Any]]:
+    """One row per configured disk: its budget, what its slabs will take, what this deployment's slabs already hold
+    there, the free space of its file system, and ``problem`` ('' when it fits: one line naming the fix otherwise).
+    Disks that share a file system are added up (their slabs compete for the same free space)."""
+    rows, by_fs = [], {}
+    for i, d in enumerate(cfg.disks):
+        ranks = cfg.ranks_on_disk(i)
+        budget = sum(cfg.rank_budget(r) for r in ranks)  # what the ranks mapped to it preallocate at most
+        base = nearest_dir(d.path)
+        try:
+            fs = os.stat(base).st_dev
+            free = free_bytes(base)
+        except OSError as e:
+            rows.append({"disk": i, "path": d.path, "budget_bytes": d.budget, "problem": f"cannot stat {base}: {e}"})
+            continue
+        held = slab_bytes_held(cfg, i)
+        row = {"disk": i, "path": d.path, "budget_bytes": d.budget, "slab_bytes": budget, "held_bytes": held,
+               "need_bytes": max(0, budget - held), "free_bytes": free, "problem": ""}
+        rows.append(row)
+        by_fs.setdefault(fs, []).append(row)
+    where = f"--cp-l3-config {source}: " if source else ""
+    for group in by_fs.values():
+        need = sum(r["need_bytes"] for r in group)
+        free = group[0]["free_bytes"]
+        if need <= free:
+            continue
+        for r in group:
+            if not r["need_bytes"]:
+                continue
+            names = ", ".join(f"disks[{g['disk']}]" for g in group)
+            shared = f" (shared by {names})" if len(group) > 1 else ""
+            cap = r["held_bytes"] + max(0, free - (need - r["need_bytes"]))
+            r["problem"] = (
+                f"{where}disks[{r['disk']}].budget {_gib(r['budget_bytes'])} does not fit on {r['path']}: its slabs "
+                f"need {_gib(r['need_bytes'])} more than the {_gib(r['held_bytes'])} this deployment's slabs already "
+                f"hold there, and the file system{shared} has {_gib(free)} free; lower disks[{r['disk']}].budget to "
+                f"at most {_gib(cap)} or free space there")
+    return rows
+
+
 def probe_path(path: str, budget_bytes: int | None = None) -> dict[str, Any]:
+    """O_DIRECT and writability of one configured path (the budget's fit is :func:`budget_fit`'s)."""
     row: dict[str, Any] = {"path": path, "exists": os.path.isdir(path), "budget_bytes": budget_bytes,
                            "problems": []}
-    probe_dir = path
-    while probe_dir and not os.path.isdir(probe_dir):  # a not-yet-created path: check where it would live
-        probe_dir = os.path.dirname(probe_dir.rstrip("/")) or "/"
-    st = os.statvfs(probe_dir)
-    row["free_bytes"] = st.f_bavail * st.f_frsize
+    probe_dir = nearest_dir(path)
+    row["free_bytes"] = free_bytes(probe_dir)
     ok, why = o_direct_works(probe_dir)
     row["o_direct"], row["o_direct_detail"] = ok, why
     if not os.access(probe_dir, os.W_OK):
         row["problems"].append(f"L3 path {path}: not writable")
-    if budget_bytes and not row["exists"] and budget_bytes > row["free_bytes"]:
-        row["problems"].append(
-            f"L3 path {path}: budget {budget_bytes} B exceeds free space {row['free_bytes']} B")
     return row

@@ -34,7 +34,7 @@ def l3_paths(config_path: str | None) -> tuple[list[dict[str, Any]], list[str]]:
     problems: list[str] = []
     try:
         from .config import L3Config
-        from .diskcheck import probe_path
+        from .diskcheck import budget_fit, probe_path
     except ImportError as exc:
         return [], [f"L3 engine not importable: {exc}"]
     try:
@@ -42,8 +42,12 @@ def l3_paths(config_path: str | None) -> tuple[list[dict[str, Any]], list[str]]:
     except Exception as exc:
         return [], [f"--cp-l3-config {config_path}: {exc}"]
     rows = []
-    for disk in cfg.disks:
+    fit = budget_fit(cfg, config_path)  # what the launch check refuses, in the same words
+    for disk, space in zip(cfg.disks, fit):
         row = probe_path(disk.path, disk.budget)
+        row.update({k: space[k] for k in ("slab_bytes", "held_bytes", "need_bytes") if k in space})
+        if space.get("problem"):
+            row["problems"].append(space["problem"])
         rows.append(row)
         problems.extend(row.get("problems", []))
     return rows, problems

@@ -15,8 +15,12 @@ Invariants:
   fdatasync); an entry therefore never points at bytes that a crash can lose.
 * Deletes that reclaim a slot are conditional (:meth:`delete_if`): they remove the entry only if it still names
   the same (rank, disk, slot), so one rank never deletes an entry another rank has since written.
-* A full map (``lmdb.MapFullError``) aborts the transaction and is reported as ``False`` / a counted miss; it never
-  propagates to the data path.
+* A write transaction that cannot commit -- a full map (``lmdb.MapFullError``), or the file system refusing the
+  commit (a full disk: ``mdb_txn_commit: Input/output error`` / ``No space left on device``, any ``lmdb.Error``) --
+  is aborted by LMDB and reported as ``False`` / ``None``, counted (``index_full`` / ``write_errors``), with the
+  reason in :attr:`L3Index.last_refusal`; it never propagates to the data path. A read after such a refusal still
+  works (LMDB marks the environment unusable only when its meta page write fails: then reads fail too, and the
+  store treats the outcome as unknown).
 
 LMDB's own lock file makes the environment safe for several processes (``lock=True``); write transactions are
 serialised across processes by it.
@@ -39,8 +43,8 @@ from .fsutil import fsync_dir, make_private_dirs
 
 log = logging.getLogger(__name__)
 
-__all__ = ["IndexEntry", "IndexKey", "KeySpace", "L3Index", "IndexDamagedError", "ScanResult", "deployment_tag",
-           "make_key", "split_key", "now_us", "KEY_LEN", "VALUE_LEN"]
+__all__ = ["IndexEntry", "IndexKey", "KeySpace", "L3Index", "IndexDamagedError", "ScanResult", "Refusal", "deployment_tag",
+           "make_key", "split_key", "namespace_and_kind", "now_us", "KEY_LEN", "VALUE_LEN"]
 
 _VALUE = struct.Struct("<HHIQ")
 _TAG_BYTES = 8
@@ -81,6 +85,11 @@ def make_key(dep_tag: bytes, ns_digest: bytes, kind: int, content_hash: bytes) -
 
 def split_key(key: bytes) -> IndexKey:
     return IndexKey(key[:_NS_AT], key[_NS_AT:_KIND_AT], key[_KIND_AT], key[_HASH_AT:KEY_LEN])
+
+
+def namespace_and_kind(key: bytes) -> "tuple[bytes, int]":
+    """A key's namespace digest and payload-kind byte: two slices, for loops over every entry (cold start)."""
+    return key[_NS_AT:_KIND_AT], key[_KIND_AT]
 
 
 class KeySpace:
@@ -162,6 +171,20 @@ def _check_data_file(env: lmdb.Environment, path: str) -> None:
             f"aside, and restart (L3 then starts cold: its pages are misses, never wrong bytes).")
 
 
+class Refusal(NamedTuple):
+    """Why the last write transaction of an index handle did not commit (diagnostics: the counters are the record)."""
+
+    full: bool  # the LMDB map is full (enlarge index.map_size); else the file system refused (a full disk, EIO)
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _refusal(e: BaseException) -> Refusal:
+    return Refusal(isinstance(e, lmdb.MapFullError), f"{type(e).__name__}: {e}")
+
+
 class ScanResult(NamedTuple):
     items: list  # [(key, IndexEntry)] of the range, in page order
     damaged: int  # keys found out of sorted order (a damaged page); 0 for a healthy index
@@ -238,6 +261,8 @@ class L3Index:
         self.readonly = readonly
         self.db = env.open_db(_DB_NAME, create=not readonly)
         self.index_full = 0  # puts refused because the map is full (monotonic)
+        self.write_errors = 0  # write transactions the file system refused (a full disk, EIO; monotonic)
+        self.last_refusal: Refusal | None = None  # why the last refused write transaction did not commit
         self.damage_seen = 0  # scans that found keys out of order or malformed values (monotonic)
         self.stale_readers_cleared = 0  # reader slots of dead processes this handle cleared (monotonic)
 
@@ -378,8 +403,8 @@ class L3Index:
             with self.env.begin(db=self.db, write=True) as txn:
                 txn.put(key, entry.pack())
             return True
-        except lmdb.MapFullError:
-            self.index_full += 1
+        except lmdb.Error as e:
+            self._refused(e, items=1)
             return False
 
     def commit_puts(self, items: Sequence[tuple[bytes, IndexEntry]]) -> list[IndexEntry | None] | None:
@@ -387,7 +412,8 @@ class L3Index:
 
         Returns, per item, ``None`` when this item's entry was written, or the existing entry that won (another
         rank or an earlier spill stored the same page first: the caller frees its own slot). Returns ``None``
-        overall when the map is full: the transaction is aborted and nothing of the batch is present.
+        overall when the transaction did not commit: the map is full, or the file system refused the commit
+        (:attr:`last_refusal` says which); LMDB aborted it, so nothing of the batch is present.
         """
         def txn_body():
             out: list[IndexEntry | None] = []
@@ -405,9 +431,18 @@ class L3Index:
 
         try:
             return self._retry_after_reader_check(txn_body)
-        except lmdb.MapFullError:
-            self.index_full += len(items)
+        except lmdb.Error as e:
+            self._refused(e, items=len(items))
             return None
+
+    def _refused(self, e: BaseException, items: int = 0) -> None:
+        """Count a write transaction LMDB aborted: a full map per put refused (``items``; a refused delete or touch
+        is counted by its caller), anything else once."""
+        self.last_refusal = _refusal(e)
+        if self.last_refusal.full:
+            self.index_full += items
+        else:
+            self.write_errors += 1
 
     def _retry_after_reader_check(self, txn_body):
         """Run a write transaction; on a full map, clear dead processes' reader slots and, if any were cleared
@@ -440,7 +475,8 @@ class L3Index:
         try:
             with self.env.begin(db=self.db, write=True) as txn:
                 return txn.delete(key)
-        except lmdb.MapFullError:
+        except lmdb.Error as e:
+            self._refused(e)
             return False
 
     def delete_scanned(self, items: Sequence[tuple[bytes, IndexEntry]], *, damaged: bool, exact: bool = False
@@ -458,7 +494,8 @@ class L3Index:
                     return None
                 n += sum(1 for r in res if r is True)
             return n
-        except lmdb.MapFullError:
+        except lmdb.Error as e:
+            self._refused(e)
             return None
 
     def delete_if(self, items: Sequence[tuple[bytes, IndexEntry]], *, newer_than_wins: bool = False,
@@ -488,7 +525,8 @@ class L3Index:
 
         try:
             return self._retry_after_reader_check(txn_body)
-        except lmdb.MapFullError:
+        except lmdb.Error as e:
+            self._refused(e)
             return None
 
     def touch_many(self, items: Sequence[tuple[bytes, int]]) -> bool:
@@ -502,7 +540,8 @@ class L3Index:
                     if ts > cur.last_access:
                         txn.put(key, cur._replace(last_access=ts).pack())
             return True
-        except lmdb.MapFullError:
+        except lmdb.Error as e:
+            self._refused(e)
             return False
 
     def delete_for(self, dep_tag: bytes, rank: int, ns_digest: bytes | None = None, *,

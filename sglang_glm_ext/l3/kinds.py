@@ -1,19 +1,25 @@
 """One payload kind of a rank: its geometry and slab (fixed at open) and what the writer thread owns for it.
 
-The writer thread is the only one that touches ``pool`` and ``lru`` once it runs (no lock on either); the cold
-start fills them before the writer exists. Every other thread reads only the fixed fields.
+The writer thread is the only one that touches ``pool``, ``lru`` and ``retired`` once it runs (no lock on any);
+the cold start fills them before the writer exists. Every other thread reads only the fixed fields.
+
+Several geometries under one budget (issue 20, item 6): a slab of this kind with another slot size under the same
+deployment and rank (an older model's, or one that takes turns with this one) is a :class:`RetiredSlab` here: its
+pages stay (this store never writes it), GC reclaims them by the same LRU as this slab's pages, and the space they
+hold counts against this kind's share of the budget, so this slab's capacity (``pool.limit``) is what they leave
+(:meth:`KindState.grant`); it grows as they are reclaimed, and an emptied retired slab is deleted.
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from .format import PayloadKind
 from .slot_pool import SlotPool
 
-__all__ = ["KindState", "PageLRU", "HEAP_SLACK"]
+__all__ = ["KindState", "PageLRU", "RetiredSlab", "HEAP_SLACK"]
 
 HEAP_SLACK = 64  # heap items allowed beyond 2x the live pages before a compaction
 
@@ -74,6 +80,25 @@ class PageLRU:
 
 
 @dataclass(eq=False)
+class RetiredSlab:
+    """A slab of the kind with another slot size: its pages (``lru``, no pool: nothing is written into it) are
+    reclaimed by GC; the slots it no longer needs are punched out of the file, and the file goes when it is empty."""
+
+    path: str
+    slab: Any  # disk.DiskSlab, opened with its own geometry (flock'ed: nobody else writes it meanwhile)
+    slot_bytes: int
+    num_slots: int
+    namespaces: set  # namespace digests its sidecar lists: entries of those namespaces name this file
+    lru: PageLRU
+    usable: bool = True  # False: its sidecar or size cannot vouch for it: its entries are dropped, the file removed
+
+    @property
+    def held_bytes(self) -> int:
+        """What it holds of the budget: its live pages (every other slot is punched out)."""
+        return len(self.lru.current) * self.slot_bytes
+
+
+@dataclass(eq=False)
 class KindState:
     kind: PayloadKind
     page_bytes: int
@@ -81,4 +106,22 @@ class KindState:
     num_slots: int
     slab: Any  # disk.DiskSlab: this rank's writable slab of this kind
     pool: SlotPool
-    lru: PageLRU
+    lru: PageLRU  # every page of this slab, whatever its namespace (GC's order)
+    retired: list = field(default_factory=list)  # RetiredSlab: the kind's slabs of other slot sizes
+    namespaces: set = field(default_factory=set)  # namespaces this slab's sidecar lists (its entries map here)
+
+    def grant(self) -> int:
+        """Slots of this slab the budget allows now: the kind's share minus what its retired slabs hold."""
+        left = self.num_slots * self.slot_bytes - sum(r.held_bytes for r in self.retired)
+        return max(0, min(self.num_slots, left // self.slot_bytes))
+
+    def slab_of(self, ns: bytes, own: bytes) -> "RetiredSlab | KindState | None":
+        """Which slab an entry of namespace ``ns`` names: this one for its own namespace (one namespace, one page
+        size, one file) or one its sidecar lists; a retired slab that lists it; this one when there is no other
+        slab. None: several slabs and none lists it (it cannot be placed: it is dropped, a miss)."""
+        if ns == own or ns in self.namespaces:
+            return self
+        for r in self.retired:
+            if ns in r.namespaces:
+                return r
+        return None if self.retired else self

@@ -56,6 +56,13 @@ class StagedPage:
     cancelled: bool = False
     readers: int = 0
     retired: bool = False
+    # Acknowledged to the caller before it is durable (a write-behind spill answered True): counted, with its age,
+    # in stats()' acked_not_durable_* until it is finished or cancelled (issue 20, item 7).
+    acked: bool = False
+    nbytes: int = 0  # payload bytes (what the acknowledged-not-durable bytes add up)
+    staged_at: float = 0.0  # time.monotonic() when staged
+    finished: bool = False  # the writer finished it (durable, dedup, dropped or failed)
+    durable: bool = False  # ...and its page is durable (committed here, or the same page committed first)
 
 
 class Completion(threading.Event):
@@ -68,6 +75,7 @@ class Completion(threading.Event):
 class FreePages:
     kind: PayloadKind
     keys: tuple  # index keys
+    hashes: tuple = ()  # their content hashes: the writer clears the pages' free-pending marks once it applied this
     name: ClassVar[str] = "free"
 
 
@@ -136,9 +144,10 @@ class WriteOutcome(enum.Enum):
     OK = "ok"                    # durable and committed: the page is present
     DEDUP = "dedup"              # another rank or an earlier spill committed the same page first
     WRITE_ERROR = "write_error"  # pwrite or fdatasync failed: the slot goes back
-    INDEX_FULL = "index_full"    # the index could not commit: nothing of the batch is present
+    INDEX_FULL = "index_full"    # the index map is full: nothing of the batch is present, the slot goes back
+    INDEX_ERROR = "index_error"  # the file system refused the commit (a full disk) and no entry landed: slot back
     CANCELLED = "cancelled"      # freed or cleared while in flight
-    ERROR = "error"              # the commit stage itself failed: unknown whether the entry landed
+    ERROR = "error"              # unknown whether the entry landed (the index cannot even be read): slot kept
 
 
 class WriteResult(NamedTuple):

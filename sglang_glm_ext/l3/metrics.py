@@ -80,6 +80,12 @@ METRICS: tuple[MetricSpec, ...] = (
     _g("staging_bytes", "Staging memory: in_use (pages held), allocated, peak (allocated high-water), cap "
        "(queues.staging_bytes).", ("state",)),
     _g("cold_start_loaded_pages", "Pages a 'load' cold start kept from before the restart (0 after a clear)."),
+    _g("acked_not_durable_pages", "Pages spill acknowledged (write-behind: SGLang's batch_set answered True) and not "
+       "yet durable: what a crash right now would lose (misses after the restart, never wrong bytes). Bounded by "
+       "the staging cap; always 0 under ack = 'durable'."),
+    _g("acked_not_durable_bytes", "Payload bytes of acked_not_durable_pages."),
+    _g("acked_not_durable_oldest_seconds", "Age of the oldest acknowledged page not yet durable (0 when none): the "
+       "write-behind window right now."),
     _c("spill_bytes", "Payload bytes made durable (the pages of spill_pages)."),
     _c("reload_bytes", "Payload bytes served by reload (the pages of reload_pages)."),
     _c("reload_from_staging", "Of reload_pages: pages served from a staged copy, not yet durable."),
@@ -91,8 +97,12 @@ METRICS: tuple[MetricSpec, ...] = (
        "slot the GC could free), bad_input (malformed key or page).", ("reason",)),
     _c("dedup_pages", "Pages accepted by spill without a write (already durable or staged)."),
     _c("freed_pages", "Pages removed by free() (SGLang's eviction of L3 entries)."),
-    _c("index_errors", "Index operations refused: full (LMDB map full: puts refused, pages not stored), damage "
+    _c("index_errors", "Index operations refused: full (LMDB map full: puts refused, pages not stored), io (write "
+       "transactions the file system refused, e.g. a full disk: pages not stored, reclaims retried later), damage "
        "(scans that found malformed keys or values).", ("reason",)),
+    _g("write_path_failing", "1 while a write path fails (a full or failing disk): slab (page writes) or index "
+       "(index commits); 0 once it works again. Each change is logged once (and at most once a minute while it "
+       "lasts).", ("path",)),
     _c("index_stale_readers_cleared", "LMDB reader slots of dead processes cleared by this store."),
     _c("reload_bad_destination", "Reload pages refused before any I/O: the destination cannot take the page in place."),
     _c("data_path_errors", "Unexpected exceptions in the store's data path, turned into misses or dropped writes."),
@@ -130,6 +140,9 @@ def store_samples(st: Mapping) -> list[Sample]:
                        ("peak", "staging_peak_bytes"), ("cap", "staging_cap_bytes")):
         put("staging_bytes", st.get(key), state=state)
     put("cold_start_loaded_pages", st.get("cold_start_loaded_pages"))
+    put("acked_not_durable_pages", st.get("acked_not_durable_pages"))
+    put("acked_not_durable_bytes", st.get("acked_not_durable_bytes"))
+    put("acked_not_durable_oldest_seconds", st.get("acked_not_durable_oldest_s"))
     for short, key in (("spill_pages", "spilled"), ("reload_pages", "reload_hits"), ("gc_reclaimed", "gc_reclaimed"),
                        ("write_errors", "write_errors"), ("spill_bytes", "spilled_bytes"),
                        ("reload_bytes", "reload_bytes"), ("reload_from_staging", "reload_from_staging"),
@@ -142,6 +155,11 @@ def store_samples(st: Mapping) -> list[Sample]:
                         ("bad_input", "dropped_bad_input")):
         put("dropped_writes", st.get(key), "counter", reason=reason)
     put("index_errors", st.get("index_full"), "counter", reason="full")
+    put("index_errors", st.get("index_write_errors"), "counter", reason="io")
+    failing = st.get("write_path_failing")
+    if failing is not None:
+        for path in ("slab", "index"):
+            put("write_path_failing", int(path in failing), path=path)
     put("index_errors", st.get("index_damage_seen"), "counter", reason="damage")
     return out
 

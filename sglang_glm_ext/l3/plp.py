@@ -19,6 +19,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
+from .diskcheck import nearest_dir
+
 PLP_MODES = ("auto", "assume_safe", "assume_unsafe")
 
 
@@ -38,16 +40,6 @@ class PlpReport:
     def summary(self) -> str:
         verdict = {True: "safe", False: "unsafe", None: "unknown"}[self.safe]
         return f"{self.path}: power-loss {verdict} ({'; '.join(self.reasons)})"
-
-
-def _existing_ancestor(path: str) -> str:
-    p = os.path.abspath(path)
-    while not os.path.exists(p):
-        parent = os.path.dirname(p)
-        if parent == p:
-            break
-        p = parent
-    return p
 
 
 def _read(path: str) -> "str | None":
@@ -94,7 +86,7 @@ def _leaf_disks(devdir: str, sysfs_root: str, depth: int = 0) -> "list[str]":
 
 def _sysfs_verdict(path: str, sysfs_root: str, proc_root: str, st_dev: "int | None",
                    report: PlpReport) -> "bool | None":
-    dev = os.stat(_existing_ancestor(path)).st_dev if st_dev is None else st_dev
+    dev = os.stat(nearest_dir(path)).st_dev if st_dev is None else st_dev
     major, minor = os.major(dev), os.minor(dev)
     if major == 0:  # anonymous device: tmpfs, overlay, btrfs, NFS... ask mountinfo for the real source
         mount = _mount_source(os.path.abspath(path), proc_root)
@@ -191,8 +183,7 @@ def probe_plp(path, *, plp: str = "auto", sysfs_root: str = "/sys", proc_root: s
     else:
         report.safe = sysfs
     if latency_probe:
-        target = _existing_ancestor(path)
-        target = target if os.path.isdir(target) else os.path.dirname(target)
+        target = nearest_dir(path)
         try:
             report.fsync_median_us = fsync_latency_us(target, samples)
             note = f"advisory: 4 KiB write+fdatasync median {report.fsync_median_us:.0f} us"

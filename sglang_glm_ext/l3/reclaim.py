@@ -12,22 +12,28 @@ reclaims at most ``gc.budget_per_round`` of the coldest pages until ``used <= gc
 
 from __future__ import annotations
 
+import time
 from typing import Mapping
 
 from .config import L3Config
 from .counters import Counters
 from .format import PayloadKind
+from .health import Health
 from .index import IndexEntry, L3Index, split_key
 from .kinds import KindState
+from .slab_set import settle
 
 __all__ = ["Collector"]
+
+_BACKOFF_MIN_S = 0.05
+_BACKOFF_MAX_S = 2.0
 
 
 class Collector:
     """The writer's reclaims for one rank. Touches only the pools and LRUs of ``kinds`` (writer-owned)."""
 
     def __init__(self, config: L3Config, index: L3Index, kinds: Mapping[PayloadKind, KindState], *, rank: int,
-                 disk: int, namespace: bytes, counters: Counters):
+                 disk: int, namespace: bytes, counters: Counters, health: "Health | None" = None):
         self.config = config
         self.index = index
         self.kinds = kinds
@@ -35,23 +41,53 @@ class Collector:
         self.disk = disk
         self.namespace = namespace
         self.c = counters
+        self.health = health or Health(rank)
+        # An index that refuses deletes (a full disk) is retried after a growing pause, not every writer pass.
+        self._retry_at = 0.0
+        self._backoff = 0.0
+
+    # ------------------------------------------------------------------ index refusals
+    def backing_off(self) -> bool:
+        """The index refused a reclaim a moment ago: GC waits until :meth:`retry_in` has passed."""
+        return bool(self._retry_at) and time.monotonic() < self._retry_at
+
+    def retry_in(self) -> "float | None":
+        """Seconds until GC may try the index again (None: no pause in force)."""
+        if not self._retry_at:
+            return None
+        return max(0.0, self._retry_at - time.monotonic())
+
+    def _refused(self) -> None:
+        why = self.index.last_refusal
+        if why is None or why.full:
+            self.c.index_full += 1
+        self.health.index.failed(why or "index map full")
+        self._backoff = min(max(2 * self._backoff, _BACKOFF_MIN_S), _BACKOFF_MAX_S)
+        self._retry_at = time.monotonic() + self._backoff
+
+    def _worked(self) -> None:
+        self._backoff = self._retry_at = 0.0
 
     # ------------------------------------------------------------------ GC
     def gc_active(self) -> bool:
-        return any(st.lru.active for st in self.kinds.values())
+        return not self.backing_off() and any(st.lru.active for st in self.kinds.values())
 
     def round(self) -> int:
-        """One bounded GC round per pool over its start watermark. Returns pages reclaimed."""
+        """One bounded GC round per pool over its start watermark. Returns pages reclaimed. The watermarks are of the
+        pool's capacity (``pool.limit``); beside slabs of other page sizes a pool with no capacity yet is full."""
         cfg = self.config
         n = 0
         for st in self.kinds.values():
-            used = st.pool.used / st.num_slots
+            cap = st.pool.limit
+            used = st.pool.used / cap if cap else (1.0 if st.retired else 0.0)
             if not st.lru.active and used >= cfg.gc_start:
                 st.lru.active = True
             if st.lru.active:
-                target = int(cfg.gc_stop * st.num_slots)
-                n += self.reclaim_coldest(st, min(cfg.gc_budget_per_round, max(0, st.pool.used - target)))
-                if st.pool.used <= target or not st.lru.current:
+                target = int(cfg.gc_stop * cap)
+                want = st.pool.used - target if cap else cfg.gc_budget_per_round
+                n += self.reclaim_coldest(st, min(cfg.gc_budget_per_round, max(1, want)))
+                cap = st.pool.limit
+                if (cap and st.pool.used <= int(cfg.gc_stop * cap)) or not (st.lru.current or st.retired):
                     st.lru.active = False
         return n
 
@@ -62,27 +98,55 @@ class Collector:
                 break
 
     def reclaim_coldest(self, st: KindState, budget: int) -> int:
-        """Reclaim up to ``budget`` of the coldest pages. Index delete commits before any slot is freed."""
-        victims = [(key, IndexEntry(self.rank, self.disk, slot, la)) for key, la, slot in st.lru.pop_coldest(budget)]
-        if not victims:
+        """Reclaim up to ``budget`` of the coldest pages of the kind, whatever their namespace or slab (this slab and
+        the retired ones of other page sizes, slab_set.py). Index delete commits before any slot is freed or
+        punched; a retired slab's reclaimed slots go back to the file system and this slab's capacity grows by
+        the space they held."""
+        sources = [(st.lru, None), *((r.lru, r) for r in st.retired)]
+        cands = [(la, key, slot, lru, r) for lru, r in sources for key, la, slot in lru.pop_coldest(budget)]
+        if len(sources) > 1:
+            cands.sort(key=lambda c: c[0])
+            for la, key, slot, lru, _ in cands[budget:]:
+                lru.push(la, key, slot)  # not this round: back in its heap (still live in its map)
+            cands = cands[:budget]
+        if not cands:
             return 0
-        res = self.index.delete_if(victims, newer_than_wins=True)
-        if res is None:  # could not commit: keep them, try next round
-            for key, e in victims:
-                st.lru.push(e.last_access, key, e.slot)
-            self.c.index_full += 1
+        res = self.index.delete_if([(key, IndexEntry(self.rank, self.disk, slot, la)) for la, key, slot, _, _ in cands],
+                                   newer_than_wins=True)
+        if res is None:  # could not commit: keep them, try again after a pause
+            for la, key, slot, lru, _ in cands:
+                lru.push(la, key, slot)
+            self._refused()
             return 0
+        self._worked()
         n = 0
-        for (key, e), r in zip(victims, res):
-            if isinstance(r, IndexEntry):  # another rank touched it since: it is warm, keep it
-                st.lru.record(key, r.last_access, e.slot)
+        punch: dict[int, tuple] = {}
+        for (la, key, slot, lru, r), got in zip(cands, res):
+            if isinstance(got, IndexEntry):  # another rank touched it since: it is warm, keep it
+                lru.record(key, got.last_access, slot)
                 continue
             # True: deleted now. False: the entry is gone or names another location, so our slot is unreferenced.
-            del st.lru.current[key]
-            st.pool.free(e.slot)
+            del lru.current[key]
             n += 1
+            if r is None:
+                st.pool.free(slot)
+                if slot >= st.pool.limit:  # a page kept past the capacity: its blocks go back too
+                    punch.setdefault(id(st), (st.slab, []))[1].append(slot)
+            else:
+                punch.setdefault(id(r), (r.slab, []))[1].append(slot)
         self.c.gc_reclaimed += n
+        for slab, slots in punch.values():
+            slab.punch(slots)
+        if st.retired:
+            self._settle(st)
         return n
+
+    def _settle(self, st: KindState) -> None:
+        """Emptied retired slabs go, and the capacity grows into the space they gave back (slab_set.settle)."""
+        try:
+            settle(st)
+        except OSError as e:  # the reserve of the grown capacity failed (a full disk): it stays as it is
+            self.health.slab.failed(f"{st.kind.label}: reserving a grown capacity: {e}")
 
     # ------------------------------------------------------------------ free / verify failure
     def free(self, kind: PayloadKind, keys) -> None:
@@ -96,8 +160,9 @@ class Collector:
             return
         res = self.index.delete_if(items, exact=exact)
         if res is None:
-            self.c.index_full += 1
+            self._refused()
             return
+        self._worked()
         st = self.kinds[kind]
         for (key, e), deleted in zip(items, res):
             if deleted is not True:
@@ -114,20 +179,26 @@ class Collector:
     # ------------------------------------------------------------------ clear
     def keep_only(self, entries: list[tuple[bytes, IndexEntry]]) -> None:
         """Every pool, LRU map and heap := exactly the given entries of this rank that name this disk (a clear, or
-        what survived a failed one). Entries of another namespace keep their slot allocated without joining the
-        GC (reclaimed at the next cold start, which drops other namespaces)."""
+        what survived a failed one), each on the slab it names (``KindState.slab_of``, as at a ``load``): this slab's
+        pool and LRU, or a retired slab's LRU; then emptied retired slabs go and the capacity grows."""
         by_kind: dict[int, list[tuple[bytes, IndexEntry]]] = {int(k): [] for k in self.kinds}
         for key, e in entries:
             at = by_kind.get(split_key(key).kind)
             if at is not None:
                 at.append((key, e))
         for st in self.kinds.values():
-            live, current = set(), {}
+            live: dict[int, set] = {}
+            current: dict[int, dict] = {}
             for key, e in by_kind[int(st.kind)]:
-                if e.disk != self.disk or not 0 <= e.slot < st.num_slots or e.slot in live:
+                target = st.slab_of(split_key(key).namespace, self.namespace)
+                if target is None or e.disk != self.disk or not 0 <= e.slot < target.num_slots \
+                        or e.slot in live.setdefault(id(target), set()):
                     continue
-                live.add(e.slot)
-                if split_key(key).namespace == self.namespace:
-                    current[key] = (e.last_access, e.slot)
-            st.pool.rebuild_from_allocated(sorted(live))
-            st.lru.reset(current)
+                live[id(target)].add(e.slot)
+                current.setdefault(id(target), {})[key] = (e.last_access, e.slot)
+            st.pool.rebuild_from_allocated(sorted(live.get(id(st), ())))
+            st.lru.reset(current.get(id(st), {}))
+            for r in st.retired:
+                r.lru.reset(current.get(id(r), {}))
+            if st.retired:
+                self._settle(st)

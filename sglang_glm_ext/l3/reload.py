@@ -35,7 +35,7 @@ from .kinds import KindState
 from .layout import PageLayout, PageSpans
 from .messages import ReloadMiss
 from .read_plan import plan_read
-from .slab_dir import slab_path
+from .slab_dir import slab_path_for
 from .slab_reader import ShortRead, SlabReader
 
 __all__ = ["SlabReads", "blames_entry", "VECTORED"]
@@ -149,7 +149,8 @@ class SlabReads:
                 if not 0 <= disk < len(self.config.disks):
                     return None  # an entry naming a disk outside this config: a miss
                 try:
-                    self._readers[key] = SlabReader(slab_path(self.config, rank, kind, disk), self._slot_bytes[kind])
+                    sb = self._slot_bytes[kind]  # the slab of this page size (a kind may have several, slab_dir.py)
+                    self._readers[key] = SlabReader(slab_path_for(self.config, rank, kind, sb, disk), sb)
                 except OSError:
                     return None  # not there (yet): a miss now; retried by a later reload
             return self._readers[key]

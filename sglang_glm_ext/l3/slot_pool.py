@@ -21,19 +21,52 @@ class SlotPoolError(RuntimeError):
 
 
 class SlotPool:
-    """Invariant: a slot is either in the free stack exactly once or marked allocated, never both."""
+    """Invariant: a slot below :attr:`limit` is either in the free stack exactly once or marked allocated, never
+    both; a slot at or above the limit is never handed out (it may still be allocated: a page kept from before the
+    limit shrank, see the store's slab beside an older geometry).
 
-    def __init__(self, num_slots: int) -> None:
+    ``limit`` (default: every slot) is the pool's capacity: the slots the budget lets this slab use right now. It
+    only grows (:meth:`grow_to`), as another slab of the same budget gives its space back."""
+
+    def __init__(self, num_slots: int, limit: "int | None" = None) -> None:
         if not isinstance(num_slots, int) or isinstance(num_slots, bool) or num_slots <= 0:
             raise SlotPoolError(f"num_slots must be a positive int, got {num_slots!r}")
         self._total = num_slots
+        self._limit = self._check_limit(num_slots if limit is None else limit)
         self._allocated = bytearray(num_slots)
         self._free = array("q")
         self.reset()
 
+    def _check_limit(self, limit) -> int:
+        if not isinstance(limit, (int, np.integer)) or isinstance(limit, bool) or not 0 <= limit <= self._total:
+            raise SlotPoolError(f"limit {limit!r} out of range [0, {self._total}]")
+        return int(limit)
+
     @property
     def total(self) -> int:
         return self._total
+
+    @property
+    def limit(self) -> int:
+        """Slots this pool may hand out (its capacity)."""
+        return self._limit
+
+    def grow_to(self, limit: int) -> int:
+        """Raise the capacity to ``limit`` (never lowers it): the free slots in between join the free stack, the
+        lowest handed out first. Returns the slots added."""
+        limit = self._check_limit(limit)
+        if limit <= self._limit:
+            return 0
+        new = np.arange(limit - 1, self._limit - 1, -1, dtype=np.int64)
+        occupied = np.frombuffer(self._allocated, dtype=np.uint8)[self._limit:limit][::-1].astype(bool)
+        add = new[~occupied]
+        # Lowest first: the new (higher) free slots go below the existing stack's top.
+        stack = array("q")
+        stack.frombytes(np.ascontiguousarray(add, dtype=np.int64).tobytes())
+        stack.extend(self._free)
+        self._free = stack
+        self._limit = limit
+        return int(add.size)
 
     @property
     def free_count(self) -> int:
@@ -41,7 +74,8 @@ class SlotPool:
 
     @property
     def used(self) -> int:
-        return self._total - len(self._free)
+        """Slots holding a page (also any above the limit)."""
+        return self._used
 
     def _check_range(self, slot: int) -> None:
         if not isinstance(slot, (int, np.integer)) or isinstance(slot, bool) or not 0 <= slot < self._total:
@@ -57,19 +91,24 @@ class SlotPool:
             return None
         slot = self._free.pop()
         self._allocated[slot] = 1
+        self._used += 1
         return slot
 
     def free(self, slot: int) -> None:
+        """Give a slot back. Returns nothing; a slot at or above the limit stays out of the free stack."""
         self._check_range(slot)
         if not self._allocated[slot]:
             raise SlotPoolError(f"double free of slot {slot}")
         self._allocated[slot] = 0
-        self._free.append(int(slot))
+        self._used -= 1
+        if slot < self._limit:
+            self._free.append(int(slot))
 
     def reset(self) -> None:
         """All slots free; the lowest slot is handed out first (keeps a fresh slab's writes sequential)."""
         self._allocated[:] = bytes(self._total)
-        self._set_free_stack(np.arange(self._total - 1, -1, -1, dtype=np.int64))
+        self._used = 0
+        self._set_free_stack(np.arange(self._limit - 1, -1, -1, dtype=np.int64))
 
     def rebuild_from_allocated(self, slots: Iterable[int]) -> None:
         """Replace the whole state: exactly ``slots`` allocated, every other slot free. O(num_slots), vectorised.
@@ -96,7 +135,8 @@ class SlotPool:
             raise SlotPoolError(f"rebuild: slot {dup} listed more than once")
         occupied = counts.astype(bool)
         self._allocated[:] = occupied.astype(np.uint8).tobytes()
-        self._set_free_stack(np.flatnonzero(~occupied)[::-1].astype(np.int64))
+        self._used = int(live.size)
+        self._set_free_stack(np.flatnonzero(~occupied[:self._limit])[::-1].astype(np.int64))
 
     def _set_free_stack(self, free_desc: np.ndarray) -> None:
         stack = array("q")
@@ -104,4 +144,4 @@ class SlotPool:
         self._free = stack
 
     def __repr__(self) -> str:
-        return f"SlotPool(total={self._total}, used={self.used})"
+        return f"SlotPool(total={self._total}, limit={self._limit}, used={self.used})"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from typing import Mapping
 
 from .aligned import AlignedBuffer
@@ -103,6 +104,12 @@ class StagedPages:
         self._batch_pages = batch_pages
         self.enqueued = 0  # pages ever queued (seq of the last one)
         self.done = 0  # pages ever finished
+        # (kind, content hash) -> frees posted and not yet applied by the writer: the index entry such a page may
+        # still have is about to be deleted, so it is neither a dedup for spill nor counted by exists.
+        self.free_pending: dict[tuple[PayloadKind, bytes], int] = {}
+        # Pages acknowledged (a write-behind spill answered True) and not yet finished: what a crash right now loses.
+        self.acked_pages = 0
+        self.acked_bytes = 0
 
     @property
     def inflight(self) -> int:
@@ -110,28 +117,79 @@ class StagedPages:
 
     # ------------------------------------------------------------------ callers
     def admit(self, kind: PayloadKind, content_hash: bytes) -> Admission:
+        """A page staged and not cancelled is a dedup. A cancelled copy (freed or cleared, maybe still being written)
+        is no copy: the page is staged again, and its new copy replaces the old one in the map (:meth:`enqueue`)."""
         with self.cond:
-            if (kind, content_hash) in self._staged:
+            page = self._staged.get((kind, content_hash))
+            if page is not None and not page.cancelled:
                 return Admission.DEDUP
             if self.enqueued - self.done >= self._max_inflight:
                 return Admission.FULL
         return Admission.STAGE
 
-    def enqueue(self, kind: PayloadKind, content_hash: bytes, key: bytes, buf: AlignedBuffer) -> bool:
-        """Queue a filled buffer; False (the buffer is released) if another spiller staged the page meanwhile.
-        Wakes the writer once a batch is full, not per page: a per-page wake-up hands it partial batches (one
-        fdatasync + commit each) under CPU load; the caller wakes it at the end of its call (:meth:`wake`)."""
+    def enqueue(self, kind: PayloadKind, content_hash: bytes, key: bytes, buf: AlignedBuffer, *,
+                acked: bool = True, nbytes: int = 0) -> "StagedPage | None":
+        """Queue a filled buffer; None (the buffer is released) if another spiller staged the page meanwhile (the
+        caller finds that copy with :meth:`find`). ``acked``: the caller answers True for it now, before it is
+        durable (write-behind). Wakes the writer once a batch is full, not per page: a per-page wake-up hands it
+        partial batches (one fdatasync + commit each) under CPU load; the caller wakes it at the end of its call
+        (:meth:`wake`)."""
         with self.cond:
-            if (kind, content_hash) in self._staged:
+            cur = self._staged.get((kind, content_hash))
+            if cur is not None and not cur.cancelled:
                 self.pool.release(kind, buf)
-                return False
+                return None
+            if cur is not None:  # a cancelled copy in flight finishes on its own (finish() checks identity)
+                del self._staged[(kind, content_hash)]
             self.enqueued += 1
-            page = StagedPage(self.enqueued, kind, content_hash, key, buf)
+            page = StagedPage(self.enqueued, kind, content_hash, key, buf, acked=acked, nbytes=nbytes,
+                              staged_at=time.monotonic())
+            if acked:
+                self.acked_pages += 1
+                self.acked_bytes += nbytes
             self._staged[(kind, content_hash)] = page
             self.queue.append(page)
             if len(self.queue) >= self._batch_pages:
                 self.cond.notify()
-        return True
+        return page
+
+    def _unack(self, page: StagedPage) -> None:
+        """Under :attr:`cond`. The page no longer counts as acknowledged-not-durable (finished or cancelled)."""
+        if page.acked:
+            page.acked = False
+            self.acked_pages -= 1
+            self.acked_bytes -= page.nbytes
+
+    def oldest_acked_age(self) -> float:
+        """Seconds the oldest page acknowledged and not yet durable has waited (0.0: none). The in-flight map keeps
+        staging order, so this looks at its head (past cancelled or unacknowledged pages only)."""
+        with self.cond:
+            if not self.acked_pages:
+                return 0.0
+            for page in self._staged.values():
+                if page.acked:
+                    return max(0.0, time.monotonic() - page.staged_at)
+        return 0.0
+
+    def wait_room(self, deadline: float) -> bool:
+        """Wait (bounded) until the writer finishes something, which frees staging room and in-flight count: the
+        backpressure a write-back of SGLang's backup thread gets instead of a dropped page. False at the deadline."""
+        with self.cond:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            done = self.done
+            self.cond.wait(min(left, 0.05))  # finish() notifies; the cap also covers a buffer a reader gives back
+            return self.done != done or time.monotonic() < deadline
+
+    def wait_finished(self, pages: "list[StagedPage]", deadline: float) -> None:
+        """Wait (bounded) until every page is finished by the writer (``ack = "durable"``)."""
+        with self.cond:
+            while not all(p.finished for p in pages):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self.cond.wait(min(left, 1.0))
 
     def wake(self) -> None:
         with self.cond:
@@ -177,10 +235,41 @@ class StagedPages:
                     self.pool.release(page.kind, page.buf)
                     page.buf = None
 
+    def note_free(self, kind: PayloadKind, hashes: "list[bytes]") -> None:
+        """Under :attr:`cond`. ``free`` of these pages: a staged copy is cancelled, and each page counts as freed
+        (not durable for spill's dedup, not present for exists) until the writer applied the free (:meth:`free_done`),
+        whatever entry the index still holds meanwhile."""
+        pending = self.free_pending
+        for h in hashes:
+            page = self._staged.get((kind, h))
+            if page is not None:
+                page.cancelled = True
+                self._unack(page)
+            pending[(kind, h)] = pending.get((kind, h), 0) + 1
+
+    def free_done(self, kind: PayloadKind, hashes: "tuple[bytes, ...]") -> None:
+        """Under :attr:`cond`. The writer applied (or failed) one free of these pages."""
+        pending = self.free_pending
+        for h in hashes:
+            n = pending.get((kind, h), 0) - 1
+            if n > 0:
+                pending[(kind, h)] = n
+            else:
+                pending.pop((kind, h), None)
+
+    def freed(self, kind: PayloadKind, hashes: "list[bytes]") -> "list[bool]":
+        """Whether each page has a free the writer has not applied yet (cheap when there is none)."""
+        if not self.free_pending:
+            return [False] * len(hashes)
+        with self.cond:
+            pending = self.free_pending
+            return [(kind, h) in pending for h in hashes]
+
     def cancel_all(self) -> None:
         """Under :attr:`cond`. Every staged page is cancelled (clear)."""
         for page in self._staged.values():
             page.cancelled = True
+            self._unack(page)
 
     # ------------------------------------------------------------------ writer
     def drop_queued(self) -> None:
@@ -203,6 +292,8 @@ class StagedPages:
                 page.buf = None
         if self._staged.get((page.kind, page.content_hash)) is page:
             del self._staged[(page.kind, page.content_hash)]
+        self._unack(page)
+        page.finished = True
         self.done += 1
 
     def close(self) -> None:

@@ -25,7 +25,9 @@ Invariants (the crash-safety argument is in docs_internal/l3_design.md):
 4. Data-path calls never raise: a failure is a miss plus a counter, and one bad element (key, destination,
    index value) costs only its own page. Bad configuration raises at ``open``.
 5. A blob is checked against the page asked for AND this deployment (``Namespace.digest_for``); reload returns
-   True only when the verified bytes are in the caller's own buffer (C-contiguous, writable, large enough).
+   True only when the verified bytes are in the caller's own buffer (C-contiguous, writable, large enough; a
+   layout whose page size is the kind's). The destination is checked once, in the plan, the same way whether the
+   page would come from staging or from the slab; ``spill_from_layout`` refuses a layout of another page size.
 6. One live store per (index, deployment, rank), on the node and in the process (``OwnerLock``). In the process
    it is shared: ``L3Store.open`` hands out counted handles onto the one ``SharedStore`` (same config, namespace and
    kinds, else refused), its cold start runs at the first open, and the last handle's close closes it.
@@ -39,26 +41,26 @@ import itertools
 import logging
 import os
 import threading
+import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from . import coldstart
+from . import coldstart, slab_set
 from .aligned import page_array
 from .config import COLD_START_MODES, L3Config, L3ConfigError
 from .counters import Counters
-from .disk import DiskSlab, check_plp, probe_plp
+from .disk import check_plp, probe_plp
 from .errors import L3OwnerLockedError, L3StoreError
-from .format import FORMAT_VERSION, PAYLOAD_OFFSET, BlobCheck, Namespace, PayloadKind, key_to_bytes, slot_bytes_for
+from .format import PAYLOAD_OFFSET, BlobCheck, Namespace, PayloadKind, key_to_bytes, slot_bytes_for
 from .fsutil import make_private_dirs
 from .index import KeySpace, L3Index, deployment_tag, now_us
-from .kinds import KindState, PageLRU
+from .kinds import KindState
 from .messages import AddKind, Admission, ClearRank, Completion, FreePages, ReloadMiss, Touch
 from .owner import OwnerLock, OwnerLockHeld
 from .reload import SlabReads, blames_entry
-from .slab_dir import check_slab_owner, read_slab_meta, slab_path, write_slab_meta
+from .slab_dir import read_slab_meta, slab_path  # noqa: F401 - re-exported for callers of the store
 from .slab_reader import SlabReader
-from .slot_pool import SlotPool
 from .staging import StagedPages, StagingPool
 from .writer import Writer
 
@@ -202,10 +204,15 @@ class SharedStore:
         deferred = [k for k in map(PayloadKind.parse, config.addable_kinds) if k not in self._kinds]
         try:
             done = coldstart.apply(mode, self.index, self._keys, rank, self.disk, self._kinds, prior_meta, deferred)
+            for st in self._kinds.values():  # slabs of other page sizes: emptied ones go, the capacity is settled
+                slab_set.settle(st, punch=True)
         except Exception as e:
             self._close_files()
+            if isinstance(e, L3StoreError):
+                raise
             raise L3StoreError(f"cold_start={mode}: failed for rank {rank}: {type(e).__name__}: {e}") from e
         self.loaded_pages, self.stale_dropped = done.loaded_pages, done.stale_dropped
+        self.other_namespace_pages = done.other_pages
 
         self._staging = StagingPool(config.staging_bytes, slot_bytes)
         self._staged = StagedPages(self._staging, max_inflight=config.max_inflight,
@@ -217,26 +224,10 @@ class SharedStore:
 
     def _open_kind(self, kind: PayloadKind, page_bytes: int, slot_bytes: int,
                    num_slots: int) -> "tuple[KindState, dict | None]":
-        """This rank's slab of one kind (created or checked against its geometry) and its sidecar, and the sidecar
-        as the previous owner left it (read before it is rewritten here: a ``load`` cold start keeps a slab's
-        entries only if it shows this format and geometry, coldstart.slab_verdict)."""
-        config, rank = self.config, self.rank
-        path = slab_path(config, rank, kind)
-        direct = {"auto": "auto", "on": True, "off": False}[config.direct_io]
-        slab = DiskSlab.open(path, slot_bytes=slot_bytes, num_slots=num_slots, create=True, direct=direct)
-        state = KindState(kind, page_bytes, slot_bytes, num_slots, slab, SlotPool(num_slots), PageLRU(self._seq))
-        try:
-            check_slab_owner(path, config.deployment_id, rank)
-            prior = read_slab_meta(path)
-            write_slab_meta(path, {
-                "format_version": FORMAT_VERSION, "kind": kind.label, "slot_bytes": slot_bytes,
-                "num_slots": num_slots, "page_bytes": page_bytes, "deployment_id": config.deployment_id,
-                "rank": rank, "disk": self.disk, "ns_digest": self.ns.hex(),
-            })
-        except BaseException:
-            slab.close()
-            raise
-        return state, prior
+        """This rank's slab of one kind and the slabs of other slot sizes beside it (slab_set.py), and the slab's
+        sidecar as the previous owner left it (a ``load`` keeps a slab's entries only if it vouches for them)."""
+        return slab_set.open_kind(self.config, rank=self.rank, disk=self.disk, kind=kind, page_bytes=page_bytes,
+                                  slot_bytes=slot_bytes, num_slots=num_slots, ns_digest=self.ns, seq=self._seq)
 
     def add_kind(self, kind, page_bytes: int, timeout: float = 30.0) -> None:
         """Serve one more payload kind from now on (SGLang registers sidecar draft host pools after the storage
@@ -268,6 +259,7 @@ class SharedStore:
                 if self.cold_start == "load":
                     loaded = coldstart.load_kind(self.index, self._keys, self.rank, self.disk, state,
                                                   prior).loaded_pages
+                slab_set.settle(state, punch=True)  # (under clear the open already deleted the rank's entries)
                 self._staging.add_kind(kind, sb)
                 self._reads.add_kind(kind, sb)
                 done = Completion()
@@ -277,7 +269,7 @@ class SharedStore:
                                        f"{timeout} s")
             except BaseException:
                 if kind not in self._kinds:
-                    state.slab.close()
+                    slab_set.close_kind(state)
                 raise
             self.loaded_pages += loaded
 
@@ -285,18 +277,47 @@ class SharedStore:
         return self._keys.key(kind, content_hash)
 
     # ------------------------------------------------------------------ spill
-    def spill(self, kind, keys: Sequence, pages: Sequence) -> list[bool]:
-        """Copy each page into staging and queue it; return at once. Per page: True if accepted (durable soon,
-        or already durable / staged: dedup), False if dropped (staging full, max inflight, bad input: counted).
-        A page is a C-contiguous buffer of exactly page_bytes, taken in memory order; anything else is bad input.
-        The caller may reuse or unpin its page buffers as soon as this returns."""
-        return self._spill(kind, keys, pages, None, None)
+    def spill(self, kind, keys: Sequence, pages: Sequence, *, wait: float = 0.0, durable: bool = False) -> list[bool]:
+        """Copy each page into staging and queue it. Per page: True if accepted (durable soon, or already durable /
+        staged: dedup), False if dropped (staging full, max inflight, bad input: counted). A page is a C-contiguous
+        buffer of exactly page_bytes, taken in memory order; anything else is bad input. The caller may reuse or
+        unpin its page buffers as soon as this returns.
 
-    def spill_from_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int]) -> list[bool]:
+        By default it returns at once and never blocks: a True is acknowledged before the page is durable
+        (write-behind; ``stats()`` counts such pages, their bytes and the oldest one's age as
+        ``acked_not_durable_*``: what a crash right now would lose, bounded by the staging cap). Two opt-ins,
+        both bounded by ``wait`` seconds for the whole call (SGLang's backup thread, through the HiCache backend):
+
+        * ``wait`` > 0: when staging is full, wait for room instead of dropping the page (brief backpressure);
+        * ``durable``: answer True only for pages that are durable when it returns (fdatasync'ed and committed,
+          or committed already): what a crash after the return cannot lose. A page not durable by the deadline
+          answers False (it may still become durable later)."""
+        return self._spill(kind, keys, pages, None, None, wait, durable)
+
+    def spill_from_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int], *, wait: float = 0.0,
+                          durable: bool = False) -> list[bool]:
         """Like :meth:`spill`, gathering each page from a strided host layout straight into staging."""
-        return self._spill(kind, keys, None, layout, page_indices)
+        return self._spill(kind, keys, None, layout, page_indices, wait, durable)
 
-    def _spill(self, kind, keys, pages, layout, page_indices) -> list[bool]:
+    def wait_durable(self, kind, keys: Sequence, timeout: float) -> list[bool]:
+        """Whether each page is durable (its index entry committed, by any rank), waiting up to ``timeout`` s for
+        the ones that are not yet: under CP, ``ack = "durable"`` of pages another rank owns and writes."""
+        try:
+            kind = PayloadKind.parse(kind)
+            ikeys = [self._ikey(kind, h) if h is not None else None for h in _content_hashes(list(keys))]
+            deadline = time.monotonic() + max(0.0, timeout)
+            while True:
+                got = [e is not None for e in self.index.get_many(ikeys)]
+                if all(got) or time.monotonic() >= deadline:
+                    return got
+                with self._staged.cond:
+                    self._staged.cond.wait(min(0.005, max(0.0, deadline - time.monotonic())))
+        except Exception:
+            self.c.data_path_errors += 1
+            return _dropped(keys)
+
+    def _spill(self, kind, keys, pages, layout, page_indices, wait: float = 0.0, durable_ack: bool = False
+               ) -> list[bool]:
         out: list[bool] = []
         queued = 0
         try:
@@ -312,7 +333,13 @@ class SharedStore:
             ikeys = [self._ikey(kind, h) if h is not None else None for h in hashes]
             present = iter(self.index.get_many([k for k in ikeys if k is not None]))
             durable = [next(present) is not None if k is not None else False for k in ikeys]
+            # A page freed and not yet deleted by the writer is no dedup: its entry is about to go (issue 20, 4).
+            freed = self._staged.freed(kind, [h for h in hashes if h is not None]) if self._staged.free_pending else ()
+            if any(freed):
+                it = iter(freed)
+                durable = [d and not next(it) if h is not None else d for d, h in zip(durable, hashes)]
             pb = st.page_bytes  # the writer's seal_blob zeroes the pad and writes the header
+            c = self.c
             if layout is None:
                 def fill(i: int, buf, dst: np.ndarray) -> None:
                     src = page_array(pages[i], writable=False)
@@ -320,10 +347,20 @@ class SharedStore:
                         raise ValueError(f"page {i} has {src.nbytes} B, expected {pb}")
                     np.copyto(dst[PAYLOAD_OFFSET:PAYLOAD_OFFSET + pb], src)
             else:
+                refused = _layout_mismatch(st, layout)
+                if refused:
+                    # Every page of the call is bad input: a smaller layout would leave stale staging bytes inside
+                    # the sealed payload (a wrong page made durable), a larger one would not fit the slot.
+                    c.dropped_bad_input += n
+                    self._warn_once("bad_layout", "L3 spill: source refused (%s); the pages are dropped", refused)
+                    return out
+
                 def fill(i: int, buf, dst: np.ndarray) -> None:
                     layout.gather_into(page_indices[i], buf.view, PAYLOAD_OFFSET)
             # Run.
-            staged, staging, c = self._staged, self._staging, self.c
+            staged, staging = self._staged, self._staging
+            deadline = time.monotonic() + wait if wait > 0 else 0.0
+            waits: list[tuple[int, Any]] = []  # ack = durable: (page, its staged copy) answered once finished
             for i in range(n):
                 h = hashes[i]
                 if h is None:
@@ -333,15 +370,26 @@ class SharedStore:
                     c.dedup += 1
                     out[i] = True
                     continue
-                admitted = staged.admit(kind, h)
-                if admitted is not Admission.STAGE:
-                    if admitted is Admission.DEDUP:
-                        c.dedup += 1
-                        out[i] = True
-                    else:
-                        c.dropped_staging += 1
+                buf = None
+                while True:
+                    admitted = staged.admit(kind, h)
+                    if admitted is Admission.STAGE:
+                        buf = staging.acquire(kind)
+                        if buf is not None:
+                            break
+                    elif admitted is Admission.DEDUP:
+                        break
+                    # Staging (bytes or in-flight pages) is full: wait for room if the caller may wait, else drop.
+                    if not deadline or self._closed:
+                        break
+                    if queued:
+                        staged.wake()  # what this call queued must drain first
+                    if not staged.wait_room(deadline):
+                        break
+                if admitted is Admission.DEDUP:
+                    c.dedup += 1
+                    self._answer_dedup(kind, h, ikeys[i], i, out, waits, durable_ack)
                     continue
-                buf = staging.acquire(kind)
                 if buf is None:
                     c.dropped_staging += 1
                     continue
@@ -352,11 +400,23 @@ class SharedStore:
                     staging.release(kind, buf)
                     c.dropped_bad_input += 1
                     continue
-                if staged.enqueue(kind, h, ikeys[i], buf):
-                    queued += 1
-                else:  # raced with another spiller of the same page
+                page = staged.enqueue(kind, h, ikeys[i], buf, acked=not durable_ack, nbytes=pb)
+                if page is None:  # raced with another spiller of the same page
                     c.dedup += 1
-                out[i] = True
+                    self._answer_dedup(kind, h, ikeys[i], i, out, waits, durable_ack)
+                    continue
+                queued += 1
+                if durable_ack:
+                    waits.append((i, page))
+                else:
+                    out[i] = True
+            if waits:
+                if queued:
+                    staged.wake()
+                    queued = 0
+                staged.wait_finished([p for _, p in waits], deadline or time.monotonic())
+                for i, p in waits:
+                    out[i] = p.finished and p.durable
             c.spill_accepted += sum(out)
         except Exception:
             log.exception("L3 spill failed; pages dropped")
@@ -365,6 +425,18 @@ class SharedStore:
             if queued:  # also after a failure part-way: what was queued must not wait for the next call
                 self._staged.wake()
         return out
+
+    def _answer_dedup(self, kind, h: bytes, ikey: bytes, i: int, out: list, waits: list, durable_ack: bool) -> None:
+        """A page another spill staged already: accepted (write-behind), or answered with that copy (durable)."""
+        if not durable_ack:
+            out[i] = True
+            return
+        with self._staged.cond:
+            page = self._staged.find(kind, h)
+        if page is not None and not page.cancelled:
+            waits.append((i, page))
+        else:  # finished meanwhile: durable if its entry is there
+            out[i] = self.index.get(ikey) is not None
 
     # ------------------------------------------------------------------ exists
     def exists(self, kind, keys: Sequence, *, include_staged: bool = True) -> int:
@@ -383,9 +455,15 @@ class SharedStore:
             # seen by one of them (finish removes it from staging only after its entry is committed).
             staged = self._staged.visible(kind, hashes) if include_staged else [False] * len(hashes)
             rest = [i for i, s in enumerate(staged) if not s]
+            end = len(hashes)
+            # A page freed and not yet deleted by the writer is not present (unless staged again since).
+            freed = self._staged.freed(kind, [hashes[i] for i in rest]) if self._staged.free_pending else ()
+            if any(freed):
+                cut = freed.index(True)
+                end, rest = rest[cut], rest[:cut]
             prefix = self._keys.prefix(kind)
             durable = self.index.prefix_len(prefix + hashes[i] for i in rest)
-            return rest[durable] if durable < len(rest) else len(hashes)
+            return rest[durable] if durable < len(rest) else end
         except Exception:
             self.c.data_path_errors += 1
             return 0
@@ -438,6 +516,7 @@ class SharedStore:
             targets = _per_page(dsts if layout is None else page_indices, n)
             # A page still in staging is served from its buffer (reader references, given back below); staged
             # first, then the index, as in exists().
+            layout_refused = _layout_mismatch(st, layout) if layout is not None else ""
             borrowed = self._staged.borrow(kind, hashes)
             try:
                 entries = self.index.get_many([ik if borrowed[i] is None else None for i, ik in enumerate(ikeys)])
@@ -445,7 +524,10 @@ class SharedStore:
                 for i in range(n):
                     if entries[i] is None and borrowed[i] is None:
                         continue
+                    # One check of the destination against the kind, before any byte moves, whether the page
+                    # would come from staging or from the slab.
                     where, refused = (self._destination(st, targets[i]) if layout is None
+                                      else (None, layout_refused) if layout_refused
                                       else self._page_index(layout, targets[i]))
                     if refused is None:
                         jobs.append((i, where))
@@ -537,16 +619,15 @@ class SharedStore:
 
     # ------------------------------------------------------------------ free / clear / flush
     def free(self, kind, keys: Sequence) -> None:
-        """Remove pages from L3 (index entry first, then this rank's slot). Staged copies are cancelled."""
+        """Remove pages from L3 (index entry first, then this rank's slot; the writer applies it). Staged copies are
+        cancelled, and from the return on a freed page is absent for ``exists`` and no dedup for ``spill`` until
+        the writer has deleted its entry: a page spilled again after ``free`` is staged and written anew."""
         try:
             kind = PayloadKind.parse(kind)
             hashes = [h for h in _content_hashes(list(keys)) if h is not None]
             with self._staged.cond:
-                for h in hashes:
-                    page = self._staged.find(kind, h)
-                    if page is not None:
-                        page.cancelled = True
-            self._writer.post(FreePages(kind, tuple(self._ikey(kind, h) for h in hashes)))
+                self._staged.note_free(kind, hashes)  # before the post: the writer's free_done follows it
+            self._writer.post(FreePages(kind, tuple(self._ikey(kind, h) for h in hashes), tuple(hashes)))
         except Exception:
             self.c.data_path_errors += 1
 
@@ -561,8 +642,18 @@ class SharedStore:
         return done.wait(timeout) and done.ok
 
     def flush(self, timeout: float | None = 30.0) -> bool:
-        """Wait until everything spilled or freed before this call is durable (or dropped), and the writer has
-        run GC back under its watermarks. For tests, benchmarks and shutdown. True if done in time."""
+        """Wait until every operation issued before this call has taken effect. True (in time) promises:
+
+        * every page a ``spill`` accepted before the call is durable (``exists(include_staged=False)`` counts it)
+          or finished as dropped / failed (counted in ``stats()``), and no page of it is left in staging;
+        * every ``free`` and ``clear`` before the call is applied (entries deleted, slots back in the pool);
+        * every ``reload`` that returned before the call has had its consequences: a page that failed
+          verification has had its entry reclaimed (``exists`` no longer counts it), and its hits are in the LRU
+          and persisted to the index (what a later ``load`` or another rank's GC sees);
+        * GC is back under its watermarks.
+
+        False: the timeout passed or the writer is gone; any of the above may still be pending. For tests,
+        benchmarks and shutdown (``close`` flushes)."""
         return self._writer.flush(timeout)
 
     def slab(self, kind) -> Any:
@@ -590,12 +681,21 @@ class SharedStore:
             "cold_start": self.cold_start,
             "cold_start_loaded_pages": self.loaded_pages,  # pages a `load` cold start kept (0 after `clear`)
             "io_mode": {k.label: getattr(st.slab, "io_mode", None) for k, st in kinds},
-            "slots": {k.label: {"used": st.pool.used, "total": st.pool.total} for k, st in kinds},
+            # total: the slots this slab may use now (its capacity: beside a slab of another page size, what the
+            # budget leaves); retired: pages still held in the kind's slabs of other page sizes.
+            "slots": {k.label: {"used": st.pool.used, "total": st.pool.limit,
+                                "retired": sum(len(r.lru.current) for r in tuple(st.retired))} for k, st in kinds},
+            "cold_start_other_namespace_pages": self.other_namespace_pages,  # kept by `load`, of other models
             "inflight": inflight,
             "max_inflight": self.config.max_inflight,
             "reload_inflight": self.reload_inflight,
             "write_queue_depth": qdepth,
             **self._writer.stats(),
+            # Acknowledged by spill (write-behind) and not yet durable: what a crash right now would lose (issue 20,
+            # item 7). Bounded by the staging cap (queues.staging_bytes / max_inflight); 0 under ack = "durable".
+            "acked_not_durable_pages": self._staged.acked_pages,
+            "acked_not_durable_bytes": self._staged.acked_bytes,
+            "acked_not_durable_oldest_s": self._staged.oldest_acked_age(),
             "staging_bytes": self._staging.in_use,
             "staging_allocated_bytes": self._staging.allocated,
             "staging_peak_bytes": self._staging.peak_allocated,
@@ -603,6 +703,7 @@ class SharedStore:
         }
         out.update(vars(self.c))
         out["index_full"] += self.index.index_full if self.index else 0
+        out["index_write_errors"] = self.index.write_errors if self.index else 0
         out["index_stale_readers_cleared"] = self.index.stale_readers_cleared if self.index else 0
         out["index_damage_seen"] = self.index.damage_seen if self.index else 0
         return out
@@ -613,6 +714,7 @@ class SharedStore:
         self.flush(timeout)
         with self._staged.cond:
             self._closed = True
+            self._staged.cond.notify_all()  # a spill waiting for room gives up now
         self._writer.stop(timeout)
         self._reads.shutdown()
         self._staging.close()
@@ -620,10 +722,7 @@ class SharedStore:
 
     def _close_files(self) -> None:
         for st in self._kinds.values():
-            try:
-                st.slab.close()
-            except Exception:
-                pass
+            slab_set.close_kind(st)
         if self._reads is not None:
             self._reads.close_readers()
         if self.index is not None:
@@ -653,6 +752,15 @@ class SharedStore:
         if any(k in have and have[k] != n for k, n in kinds.items()):
             return f"other payload kinds (open: {_kinds_text(have)}; asked: {_kinds_text(kinds)})"
         return ""
+
+
+def _layout_mismatch(st: KindState, layout) -> str:
+    """'' when ``layout``'s pages are exactly this kind's page, else why not (spill and every reload path check it the
+    same way, before any byte moves)."""
+    have = getattr(layout, "page_bytes", None)
+    if have != st.page_bytes:
+        return f"the layout's pages are {have!r} B, {st.kind.label} pages are {st.page_bytes} B"
+    return ""
 
 
 def _kinds_text(kinds: Mapping[PayloadKind, int]) -> str:
@@ -762,11 +870,16 @@ class L3Store:
         return getattr(self._shared, name)
 
     # ------------------------------------------------------------------ the caller API (SharedStore documents it)
-    def spill(self, kind, keys: Sequence, pages: Sequence) -> list[bool]:
-        return _dropped(keys) if self._closed else self._shared.spill(kind, keys, pages)
+    def spill(self, kind, keys: Sequence, pages: Sequence, *, wait: float = 0.0, durable: bool = False) -> list[bool]:
+        return _dropped(keys) if self._closed else self._shared.spill(kind, keys, pages, wait=wait, durable=durable)
 
-    def spill_from_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int]) -> list[bool]:
-        return _dropped(keys) if self._closed else self._shared.spill_from_layout(kind, keys, layout, page_indices)
+    def spill_from_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int], *, wait: float = 0.0,
+                          durable: bool = False) -> list[bool]:
+        return _dropped(keys) if self._closed else self._shared.spill_from_layout(kind, keys, layout, page_indices,
+                                                                                   wait=wait, durable=durable)
+
+    def wait_durable(self, kind, keys: Sequence, timeout: float) -> list[bool]:
+        return _dropped(keys) if self._closed else self._shared.wait_durable(kind, keys, timeout)
 
     def exists(self, kind, keys: Sequence, *, include_staged: bool = True) -> int:
         return 0 if self._closed else self._shared.exists(kind, keys, include_staged=include_staged)

@@ -25,6 +25,7 @@ from .committer import Committer
 from .config import L3Config
 from .counters import Counters
 from .format import PayloadKind, seal_blob
+from .health import Health
 from .index import IndexEntry, KeySpace, L3Index
 from .kinds import KindState
 from .messages import (
@@ -82,8 +83,9 @@ class Writer:
         self._touch_pending: dict[bytes, int] = {}
         self._touch_flushed_at = time.monotonic()
         self._reader_checked_at = time.monotonic()
+        self.health = Health(rank)  # writer thread only: every failure counted, logged once per change of state
         self.reclaim = Collector(config, index, kinds, rank=rank, disk=disk, namespace=keys.namespace,
-                                 counters=counters)
+                                 counters=counters, health=self.health)
         self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"l3-io-r{rank}")
         self._committer = Committer(index, rank=rank, disk=disk, deliver=self._committed, name=f"l3-commit-r{rank}")
         self._thread = threading.Thread(target=self._main, name=f"l3-writer-r{rank}", daemon=True)
@@ -112,7 +114,9 @@ class Writer:
 
     def flush(self, timeout: "float | None") -> bool:
         """Wait until everything staged or posted before this call is finished, then pass a barrier: the writer
-        completes every commit in flight and runs GC back under its watermarks first. True if done in time."""
+        completes every commit in flight, applies every reload outcome recorded before the barrier (verify-failure
+        reclaims, touches, persisted at once) and runs GC back under its watermarks first. True if done in time
+        (``L3Store.flush`` states the promise)."""
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def wait_for(pred) -> bool:
@@ -145,6 +149,7 @@ class Writer:
 
     def stats(self) -> dict:
         return {
+            "write_path_failing": self.health.failing(),  # "slab" / "index" while a full disk refuses them
             "control_queue_depth": len(self._ctl),
             "pending_touches": len(self._touch_in),
             "gc_heap_items": sum(len(st.lru.heap) for st in tuple(self.kinds.values())),  # a kind may be added
@@ -161,9 +166,13 @@ class Writer:
         while True:
             with self.cond:
                 while not self._has_work():
-                    self.cond.wait(0.5 if (self._touch_pending or self._commits_inflight)
-                                   else _READER_CHECK_INTERVAL_S)
-                    if self._touch_pending or self._commits_inflight:
+                    timed = bool(self._touch_pending or self._commits_inflight)
+                    timeout = 0.5 if timed else _READER_CHECK_INTERVAL_S
+                    retry = self.reclaim.retry_in()  # GC paused by a refusing index: wake up to try again
+                    if retry is not None:
+                        timed, timeout = True, min(timeout, max(retry, 0.001))
+                    self.cond.wait(timeout)
+                    if timed:
                         break
                 if self._stop and not staged.queue and not self._ctl and not self._commits_inflight:
                     break
@@ -180,8 +189,8 @@ class Writer:
                     batch = []
                 self._maybe_persist_touches()
                 self._maybe_reader_check()
-            except Exception:  # the writer must outlive any single failure
-                log.exception("L3 writer round failed")
+            except Exception as e:  # the writer must outlive any single failure; logged once per episode
+                self.health.writer.failed(failure(e), exc_info=not self.health.writer.failing)
                 self.c.data_path_errors += 1
                 with self.cond:
                     for page in batch:
@@ -202,7 +211,7 @@ class Writer:
                 skipped.append(page)
                 continue
             slot = st.pool.alloc()
-            if slot is None:
+            if slot is None and not self.reclaim.backing_off():
                 self.reclaim.reclaim_coldest(st, self.config.gc_budget_per_round)
                 slot = st.pool.alloc()
             if slot is None:
@@ -245,37 +254,57 @@ class Writer:
                 if not self._completed:
                     return
                 results = self._completed.popleft()
+            committed = index_failed = None
             for r in results:
                 st = r.state
                 if r.outcome is WriteOutcome.OK:
                     self.c.spilled += 1
                     self.c.spilled_bytes += st.page_bytes
                     st.lru.record(r.page.key, r.last_access, r.slot)
+                    committed = True
                 elif r.outcome is WriteOutcome.WRITE_ERROR:
                     self._write_failed(st, r.slot, r.failure)
+                elif r.outcome is WriteOutcome.INDEX_ERROR:
+                    # The file system refused the commit (a full disk) and no entry names the slot: it goes back.
+                    self.c.write_errors += 1
+                    st.pool.free(r.slot)
+                    index_failed = r.failure
                 elif r.outcome is WriteOutcome.ERROR:
                     # Unknown whether the index commit happened: keep the slot allocated (a leak until the next
                     # clear / load) rather than risk handing out a slot an entry may reference.
                     self.c.write_errors += 1
+                    index_failed = r.failure
                 else:
                     if r.outcome is WriteOutcome.DEDUP:  # someone stored the same page first: ours is unreferenced
                         self.c.dedup += 1
                     elif r.outcome is WriteOutcome.INDEX_FULL:
                         self.c.index_full += 1
+                    else:
+                        committed = committed or r.outcome is WriteOutcome.DEDUP
                     st.pool.free(r.slot)
+            # One report per batch, not per page: the log hears of a change of state only (health.py).
+            if index_failed is not None:
+                self.health.index.failed(index_failed)
+            elif committed:
+                self.health.index.ok()
+            if committed or index_failed is not None:
+                self.health.slab.ok()  # the batch's writes and fdatasync went through
             with self.cond:
                 self._commits_inflight -= 1
                 for r in results:
+                    # durable: committed here, or the same page committed first (a dedup); what ack = "durable" waits for
+                    r.page.durable = r.outcome is WriteOutcome.OK or r.outcome is WriteOutcome.DEDUP
                     self.staged.finish(r.page)
                 self.cond.notify_all()
 
     def _write_failed(self, st: KindState, slot: int, err: "Failure | None") -> None:
         self.c.write_errors += 1
-        if err is not None:
-            log.warning("L3 write of %s slot %d failed: %s", st.kind.label, slot, err)
+        self.health.slab.failed(f"{st.kind.label} slot {slot}: {err}")
         st.pool.free(slot)
 
-    def _drain_control(self) -> None:
+    def _apply_reload_outcomes(self) -> None:
+        """Apply what reloads recorded so far: verify failures reclaim exactly the entry the reader saw, hits bump
+        the LRU and wait to be persisted (coalesced)."""
         with self.cond:
             touches, self._touch_in = self._touch_in, {}
             bads, self._bad_in = self._bad_in, {}
@@ -283,6 +312,17 @@ class Writer:
             # exact: the reader saw this entry some time ago; only that very commit is known to be bad, never a
             # newer commit of the same page into the same slot.
             self.reclaim.reclaim(kind, [(key, entry)], exact=True)
+        for (kind, key), (entry, ts) in touches.items():
+            st = self.kinds[kind]
+            if entry.rank == self.rank and entry.disk == self.disk:
+                cur = st.lru.current.get(key)
+                if cur is not None and cur[1] == entry.slot and ts > cur[0]:
+                    st.lru.record(key, ts, entry.slot)
+            # Persist for other ranks' GC (and for a later `load`), coalesced.
+            self._touch_pending[key] = max(ts, self._touch_pending.get(key, 0))
+
+    def _drain_control(self) -> None:
+        self._apply_reload_outcomes()
         while self._ctl:
             op = self._ctl.popleft()
             ok = False
@@ -297,6 +337,11 @@ class Writer:
                     self.kinds[op.state.kind] = op.state
                     ok = True
                 else:
+                    # flush's promise: every reload that returned before the call has taken effect (a reload
+                    # recorded after this pass swapped the outcomes out is applied here), touches are persisted,
+                    # GC is under its watermarks.
+                    self._apply_reload_outcomes()
+                    self._maybe_persist_touches(force=True)
                     self.reclaim.until_below_watermarks()
             except Exception as e:
                 log.error("L3 %s failed: %s", op.name, failure(e))
@@ -306,16 +351,10 @@ class Writer:
                     op.done.ok = ok
                     op.done.set()
                 with self.cond:
+                    if isinstance(op, FreePages):
+                        self.staged.free_done(op.kind, op.hashes)
                     self.ctl_done += 1
                     self.cond.notify_all()
-        for (kind, key), (entry, ts) in touches.items():
-            st = self.kinds[kind]
-            if entry.rank == self.rank and entry.disk == self.disk:
-                cur = st.lru.current.get(key)
-                if cur is not None and cur[1] == entry.slot and ts > cur[0]:
-                    st.lru.record(key, ts, entry.slot)
-            # Persist for other ranks' GC (and for a later `load`), coalesced.
-            self._touch_pending[key] = max(ts, self._touch_pending.get(key, 0))
 
     def _clear(self) -> bool:
         """True if every entry of this (deployment, rank) is gone.
@@ -364,6 +403,7 @@ class Writer:
         self._touch_pending.clear()
         self._touch_flushed_at = time.monotonic()
         try:
-            self.index.touch_many(items)
+            if not self.index.touch_many(items):  # refused (a full disk): recency is best effort, counted
+                self.health.index.failed(self.index.last_refusal or "index map full")
         except Exception:
             self.c.data_path_errors += 1

@@ -13,12 +13,12 @@ JSON schema (stable; bump SCHEMA on any breaking change, documented in README "d
                          selected: {env, size_kb, error}, cgroup_limits: [{size_kb, path, limit_bytes,
                          usage_bytes}], fit: null | {hicache_size_gb, ranks_per_node, ranks_source, size_kb,
                          need_pages, usable_pages, fits, limited_by, message}, unknown: [str]},
-             l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes}],
+             l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes, slab_bytes, held_bytes, need_bytes}],
              megamoe: {fp8_sm90: {possible, why}, fp4_sm100: {possible, why},
                        deep_gemm: {version, imports, error}, retired_env: [str], dg_use_fp4_acts_set: bool}}
   l3: {active, [backend_class, hicache_storage_backend, config, extra_config | error,
-       state: {deployment_id, cold_start, ranks, require_plp, plp, index: {path, exists, entries_for_deployment,
-       entries_total}, slabs: [{rank, path, bytes, slots, page_bytes, namespace}]]}          (added in schema 1)
+       state: {deployment_id, cold_start, ack, wait_ms, ranks, require_plp, plp, index: {path, exists,
+       entries_for_deployment, entries_total}, slabs: [{rank, path, bytes, slots, page_bytes, namespace}]]}          (added in schema 1)
   (hugepages: null = the kernel did not say; `unknown` names why.)
 
 The GPU listing is plugin-wide (here); every other "hardware" key, and the problems that go with it, is a
@@ -187,7 +187,7 @@ def render_text(report: dict[str, Any]) -> str:
     lines.extend(hostmem_doctor.render_lines(h["hugepages"]))
     for row in h["l3_paths"]:
         lines.append(f"  L3 path {row['path']}: o_direct={row.get('o_direct')} free={row.get('free_bytes')} "
-                     f"budget={row.get('budget_bytes')}")
+                     f"budget={row.get('budget_bytes')} held={row.get('held_bytes')} need={row.get('need_bytes')}")
     lines.extend(l3_doctor.render_section(report.get("l3") or {}))
     lines.append("OK" if report["ok"] else "PROBLEMS:\n  - " + "\n  - ".join(report["problems"]))
     return "\n".join(lines)

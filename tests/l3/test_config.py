@@ -92,6 +92,10 @@ def test_bad_mapping_is_loud_with_key_path(tmp_path, ranks, needle):
     ({"writers": {"mode": "everyone"}}, "writers.mode: unknown mode"),
     ({"writers": {"count": 2}}, "writers.count: unknown key"),
     ({"writers": "spread"}, "writers: expected"),
+    ({"ack": "eventually"}, "ack: unknown mode"),
+    ({"queues": {"wait_ms": -1}}, "queues.wait_ms"),
+    ({"queues": {"wait_ms": 1.5}}, "queues.wait_ms"),
+    ({"ack": "durable", "queues": {"wait_ms": 0}}, "queues.wait_ms: ack = 'durable'"),
 ])
 def test_every_bad_value_names_its_key(tmp_path, over, needle):
     with pytest.raises(L3ConfigError, match=needle):
@@ -191,3 +195,11 @@ def test_the_cold_start_env_override_is_applied_where_the_config_loads(tmp_path,
     monkeypatch.setenv("SGLANG_CP_L3_COLD_START", "warm")
     with pytest.raises(L3ConfigError, match="cold_start: unknown mode 'warm' from SGLANG_CP_L3_COLD_START"):
         L3Config.from_dict(_base(tmp_path))
+
+
+def test_ack_and_wait_defaults_are_write_behind_with_a_bounded_wait(tmp_path):
+    c = L3Config.from_dict(_base(tmp_path))
+    assert (c.ack, c.wait_ms) == ("write_behind", 5000)
+    c = L3Config.from_dict(_base(tmp_path, ack="durable", queues={"wait_ms": 100}))
+    assert (c.ack, c.wait_ms) == ("durable", 100)
+    assert L3Config.from_dict(_base(tmp_path, queues={"wait_ms": 0})).wait_ms == 0  # the old drop

@@ -124,7 +124,7 @@ class HoldingLayout:
     """A PageLayout whose scatter (the reader's copy out of staging) waits until told to go on."""
 
     def __init__(self, layout):
-        self.layout, self.num_pages = layout, layout.num_pages
+        self.layout, self.num_pages, self.page_bytes = layout, layout.num_pages, layout.page_bytes
         self.copying, self.go = threading.Event(), threading.Event()
 
     def scatter_from(self, page_index, src, src_offset=0):
@@ -153,3 +153,152 @@ def test_the_writer_never_releases_a_buffer_a_reader_is_copying(store, stalled):
     assert got == [[True]] and np.array_equal(host[:PB], page(1))
     assert store.stats()["staging_bytes"] == 0  # the last reader released it
     assert store.stats()["reload_from_staging"] == 1
+
+
+@pytest.mark.parametrize("delta", [-4096, -1, 1, 4096], ids=["page_cut_4k", "page_cut_1b", "pad_1b", "pad_4k"])
+def test_a_layout_of_another_page_size_is_refused_for_staged_and_durable_pages_alike(store, stalled, delta):
+    """Issue 20, item 3: a staged page used to be copied into a layout whose page size is not the kind's (a cut-off
+    page, or the page plus pad and header bytes) and reported True; the same reload of a durable page was refused.
+    Every path now checks the destination against the kind before any byte moves, and so does spill_from_layout
+    (a smaller layout left stale staging bytes in the sealed payload: a wrong page made durable)."""
+    other = PB + delta
+    sentinel = 0xAB
+
+    def host():
+        return np.full(4 * other, sentinel, np.uint8)
+
+    assert store.spill(K, [key(0)], [page(0)]) == [True]  # staged: the disk is stalled
+    for durable in (False, True):
+        if durable:
+            stalled.open.set()
+            assert store.flush(30) and store.exists(K, [key(0)], include_staged=False) == 1
+        before = store.stats()["reload_bad_dst"]
+        h = host()
+        layout = PageLayout.page_first(h, page_bytes=other, num_pages=4)
+        assert store.reload_into_layout(K, [key(0)], layout, [1]) == [False], ("durable" if durable else "staged")
+        assert (h == sentinel).all()  # not one byte copied
+        assert store.stats()["reload_bad_dst"] == before + 1
+    # The same page, right-sized, is served (the refusal was the layout's, not the page's).
+    ok = np.zeros(4 * PB, np.uint8)
+    assert store.reload_into_layout(K, [key(0)], PageLayout.page_first(ok, page_bytes=PB, num_pages=4), [2]) == [True]
+    assert np.array_equal(ok[2 * PB:3 * PB], page(0))
+    # Writing from a layout of another page size is bad input: nothing is staged, nothing becomes durable.
+    src = np.full(4 * other, 7, np.uint8)
+    dropped = store.stats()["dropped_bad_input"]
+    assert store.spill_from_layout(K, [key(1)], PageLayout.page_first(src, page_bytes=other, num_pages=4), [0]) \
+        == [False]
+    assert store.stats()["dropped_bad_input"] == dropped + 1
+    assert store.flush(30) and store.exists(K, [key(1)]) == 0
+
+
+def _wait_for(pred, timeout=10.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("where", ["in_flight", "queued", "durable_free_pending"])
+def test_a_page_spilled_again_after_free_is_written(store, stalled, where):
+    """Issue 20, item 4: free() of a staged page whose write is in flight, then spill() of the same key, answered
+    True as a dedup (admission saw the cancelled copy) and the page was never written. The same class: a page still
+    queued, and a durable page whose free the writer has not applied yet (the spill saw the old entry as a dedup,
+    then the free deleted it). Each time the second spill is an acknowledgement, so the page must end up durable."""
+    k, p = key(0), page(0)
+    if where == "durable_free_pending":
+        stalled.open.set()
+        assert store.spill(K, [k], [p]) == [True] and store.flush(30)
+        stalled.open.clear()
+        stalled.entered.clear()
+        assert store.spill(K, [key(9)], [page(9)]) == [True]  # its write stalls: the writer's free waits behind it
+        assert stalled.entered.wait(10)
+        store.free(K, [k])
+        _wait_for(lambda: store.stats()["control_queue_depth"] == 0)  # the writer took the free and is waiting
+        assert store.exists(K, [k]) == 0  # freed: not counted any more, although the delete is still to come
+    else:
+        if where == "queued":
+            assert store.spill(K, [key(9)], [page(9)]) == [True]  # holds the disk: key 0 stays queued behind it
+            assert stalled.entered.wait(10)
+        assert store.spill(K, [k], [p]) == [True]
+        if where == "in_flight":
+            assert stalled.entered.wait(10)  # its pwrite is under way
+        store.free(K, [k])
+        assert store.exists(K, [k]) == 0
+    assert store.spill(K, [k], [p]) == [True]  # acknowledged again...
+    assert store.exists(K, [k]) == 1
+    stalled.open.set()
+    assert store.flush(30)
+    assert store.exists(K, [k], include_staged=False) == 1  # ...so it is durable
+    out = np.zeros(PB, np.uint8)
+    assert store.reload_into(K, [k], [out]) == [True] and np.array_equal(out, p)
+    assert store.stats()["reload_from_staging"] == 0  # from the slab
+
+
+def test_write_behind_acknowledgements_are_counted_with_their_bytes_and_age_until_durable(store, stalled):
+    """Issue 20, item 7: what a crash right now would lose is visible: pages acknowledged by spill and not yet
+    durable, their bytes and the oldest one's age; bounded by the staging cap; back to 0 once durable."""
+    import time
+
+    assert store.spill(K, [key(i) for i in range(3)], [page(i) for i in range(3)]) == [True] * 3
+    time.sleep(0.05)
+    st = store.stats()
+    assert (st["acked_not_durable_pages"], st["acked_not_durable_bytes"]) == (3, 3 * PB)
+    assert st["acked_not_durable_oldest_s"] >= 0.05
+    store.free(K, [key(0)])  # a freed page is no longer expected to be durable
+    assert store.stats()["acked_not_durable_pages"] == 2
+    stalled.open.set()
+    assert store.flush(30)
+    st = store.stats()
+    assert (st["acked_not_durable_pages"], st["acked_not_durable_bytes"], st["acked_not_durable_oldest_s"]) == (0, 0, 0)
+
+
+def test_a_durable_spill_answers_true_only_for_pages_durable_when_it_returns(store, stalled):
+    import time
+
+    got = []
+    t = threading.Thread(target=lambda: got.append(
+        store.spill(K, [key(i) for i in range(3)], [page(i) for i in range(3)], wait=10.0, durable=True)))
+    t.start()
+    assert stalled.entered.wait(10)
+    time.sleep(0.1)
+    assert not got and store.stats()["acked_not_durable_pages"] == 0  # nothing acknowledged while not durable
+    stalled.open.set()
+    t.join(30)
+    assert got == [[True] * 3]
+    assert store.exists(K, [key(i) for i in range(3)], include_staged=False) == 3  # durable at the answer
+    # A dedup answers like its copy; a page already durable is True at once.
+    assert store.spill(K, [key(0)], [page(0)], wait=1.0, durable=True) == [True]
+
+
+def test_a_durable_spill_that_times_out_answers_false(store, stalled):
+    t0 = __import__("time").monotonic()
+    assert store.spill(K, [key(5)], [page(5)], wait=0.2, durable=True) == [False]
+    assert __import__("time").monotonic() - t0 < 5  # bounded by its wait
+    stalled.open.set()
+    assert store.flush(30) and store.exists(K, [key(5)], include_staged=False) == 1  # it may still land later
+
+
+def test_a_full_staging_waits_for_room_when_the_caller_may_wait_and_drops_otherwise(tmp_path):
+    """Issue 20, item 8, at the engine: with a wait a burst larger than staging is taken whole (brief
+    backpressure), without one the overflow is dropped and counted."""
+    from sglang_glm_ext.l3.store import L3Store
+
+    c = L3Config.from_dict({
+        "deployment_id": "bp", "disks": [{"path": str(tmp_path / "disk"), "budget": 64 * SLOT}],
+        "index": {"path": str(tmp_path / "index"), "map_size": 16 * 2**20},
+        "queues": {"staging_bytes": 3 * SLOT, "write_batch_pages": 2, "io_threads": 1, "reload_threads": 1},
+    })
+    s = L3Store.open(c, rank=0, namespace=NS, page_bytes={K: PB})
+    try:
+        keys = [key(i, "bp") for i in range(24)]
+        pages = [page(i, "bp") for i in range(24)]
+        dropped = s.spill(K, keys[:12], pages[:12])
+        assert not all(dropped) and s.stats()["dropped_staging"] == dropped.count(False)
+        assert s.flush(30)
+        assert s.spill(K, keys[12:], pages[12:], wait=30.0) == [True] * 12
+        assert s.flush(30) and s.exists(K, keys[12:], include_staged=False) == 12
+        assert s.stats()["staging_peak_bytes"] <= 3 * SLOT
+    finally:
+        s.close()

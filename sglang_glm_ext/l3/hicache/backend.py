@@ -262,6 +262,10 @@ class L3HiCacheStorage(HiCacheStorage):
         self._mlock = threading.Lock()
         self._m = self._new_samples()
         self._metrics = None  # the L3 metrics registration (hicache/metrics.py), when --enable-metrics
+        # What SGLang's batch_set waits for (issue 20, items 7 and 8): staging room up to wait_ms, and with
+        # ack = "durable" the pages' durability too.
+        self._wait = self.config.wait_ms / 1000.0
+        self._durable = self.config.ack == "durable"
 
     # ------------------------------------------------------------------ registration (control path)
     def register_mem_pool_host(self, mem_pool_host) -> None:
@@ -437,24 +441,35 @@ class L3HiCacheStorage(HiCacheStorage):
             raw = storage_keys(keys)
             own = self._owned(raw)
             out = [True] * n
+            t0 = time.perf_counter()
+            others: list = []
             if own is not None:
                 mine = [i for i in range(n) if own[i]]
-                self.c.set_not_owned += n - len(mine)
-                if not mine:
-                    return out
+                others = [i for i in range(n) if not own[i]]
+                self.c.set_not_owned += len(others)
+                all_raw = raw
                 raw = [raw[i] for i in mine]
                 pages = [pages[i] for i in mine]
             else:
                 mine = range(n)
-            skeys = pool_keys(raw, tag)
-            t0 = time.perf_counter()
-            ok = self._store.spill_from_layout(kind, skeys, plan.layout, pages)
-            accepted = sum(ok)
-            self.c.set_pages += accepted
-            self.c.set_dropped += len(ok) - accepted
-            self._sample("backup", accepted, accepted * plan.page_bytes, time.perf_counter() - t0)
-            for i, hit in zip(mine, ok):
-                out[i] = bool(hit)
+            if mine:
+                skeys = pool_keys(raw, tag)
+                # SGLang's backup thread: a full staging waits (bounded) instead of dropping; ack = "durable"
+                # answers once the pages are durable (l3_hicache.md, "What a write-back acknowledgement means").
+                ok = self._store.spill_from_layout(kind, skeys, plan.layout, pages, wait=self._wait,
+                                                   durable=self._durable)
+                accepted = sum(ok)
+                self.c.set_pages += accepted
+                self.c.set_dropped += len(ok) - accepted
+                self._sample("backup", accepted, accepted * plan.page_bytes, time.perf_counter() - t0)
+                for i, hit in zip(mine, ok):
+                    out[i] = bool(hit)
+            if others and self._durable:
+                # Pages another rank owns and writes: durable once the owner committed them (the shared index).
+                left = max(0.0, self._wait - (time.perf_counter() - t0))
+                got = self._store.wait_durable(kind, pool_keys([all_raw[i] for i in others], tag), left)
+                for i, hit in zip(others, got):
+                    out[i] = bool(hit)
             return out
         except Exception:  # noqa: BLE001 - never into the scheduler
             logger.exception("sglang-glm-ext L3: write of %d pages dropped", n)
@@ -639,15 +654,19 @@ class L3HiCacheStorage(HiCacheStorage):
                 return False
             skeys = storage_keys(keys)
             own = self._owned(skeys)
+            others = []
+            t0 = time.perf_counter()
             if own is not None:
                 self.c.set_not_owned += n - sum(own)
+                others = [k for k, o in zip(skeys, own) if not o]
                 skeys = [k for k, o in zip(skeys, own) if o]
                 pages = [p for p, o in zip(pages, own) if o]
-                if not skeys:
-                    return True
-            ok = self._store.spill(self._kv_kind, skeys, pages)
+            ok = self._store.spill(self._kv_kind, skeys, pages, wait=self._wait, durable=self._durable) if skeys else []
             self.c.set_pages += sum(ok)
             self.c.set_dropped += len(ok) - sum(ok)
+            if others and self._durable:
+                ok += self._store.wait_durable(self._kv_kind, others,
+                                               max(0.0, self._wait - (time.perf_counter() - t0)))
             return all(ok)
         except Exception:  # noqa: BLE001
             self.c.errors += 1

@@ -69,7 +69,8 @@ def report(values: dict) -> tuple[dict, list[str]]:
         out["error"] = str(exc)
         return out, [str(exc)]
     out["extra_config"] = attach.extra_config(path)
-    out["state"] = {"deployment_id": cfg.deployment_id, "cold_start": cfg.cold_start, "ranks": cfg.num_ranks,
+    out["state"] = {"deployment_id": cfg.deployment_id, "cold_start": cfg.cold_start, "ack": cfg.ack,
+                    "wait_ms": cfg.wait_ms, "ranks": cfg.num_ranks,
                     "require_plp": cfg.require_plp, "plp": cfg.plp, "index": _index_state(cfg),
                     "slabs": _slabs(cfg)}
     return out, []
@@ -86,7 +87,8 @@ def render(section: dict) -> list[str]:
     st = section["state"]
     idx = st["index"]
     entries = idx.get("entries_for_deployment", "no index yet" if not idx["exists"] else idx.get("error"))
-    lines.append(f"  deployment {st['deployment_id']!r}: cold_start={st['cold_start']}, ranks={st['ranks']}, "
+    lines.append(f"  deployment {st['deployment_id']!r}: cold_start={st['cold_start']}, ack={st.get('ack')}, "
+                 f"ranks={st['ranks']}, "
                  f"index {idx['path']} ({entries} entries)")
     for row in st["slabs"]:
         lines.append(f"  rank {row['rank']} slab {row['path']}: {row['bytes']} B, {row['slots']} slots of "

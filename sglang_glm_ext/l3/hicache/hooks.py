@@ -48,19 +48,10 @@ def server_launched() -> bool:
     return _LAUNCHED
 
 
-def _nearest_dir(path: str) -> str:
-    p = os.path.abspath(path)
-    while not os.path.isdir(p):
-        parent = os.path.dirname(p)
-        if parent == p:
-            break
-        p = parent
-    return p
-
-
 def check_l3_config(path: str):
     """Load the config and check what serving will need from the disks. PluginFlagError names the problem."""
     from ..config import L3Config, L3ConfigError
+    from ..diskcheck import budget_fit, nearest_dir
     from ..plp import PlpRequiredError, check_plp, probe_plp
 
     if not path:
@@ -74,14 +65,19 @@ def check_l3_config(path: str):
     for what, p in [*((f"disks[{i}].path", d.path) for i, d in enumerate(cfg.disks)), ("index.path", cfg.index_path)]:
         if os.path.exists(p) and not os.path.isdir(p):
             raise PluginFlagError(f"--cp-l3-config {path}: {what} {p!r} exists and is not a directory")
-        base = _nearest_dir(p)
+        base = nearest_dir(p)
         if not os.access(base, os.W_OK | os.X_OK):
             raise PluginFlagError(f"--cp-l3-config {path}: {what} {p!r} is not writable by this user "
                                   f"({base} is not writable)")
+    # The budget against the free space, before the model loads (the store would only find out at attach, when it
+    # preallocates); the same computation doctor reports. The deployment's existing slabs count as space held.
+    for row in budget_fit(cfg, path):
+        if row["problem"]:
+            raise PluginFlagError(row["problem"])
     if cfg.require_plp:
         for i, d in enumerate(cfg.disks):
             try:
-                check_plp(probe_plp(_nearest_dir(d.path), plp=cfg.plp, latency_probe=False), True)
+                check_plp(probe_plp(nearest_dir(d.path), plp=cfg.plp, latency_probe=False), True)
             except PlpRequiredError as exc:
                 raise PluginFlagError(f"--cp-l3-config {path}: disks[{i}]: {exc}") from exc
     return cfg

@@ -40,7 +40,7 @@ from ..config import L3Config, L3ConfigError
 from ..format import (FORMAT_VERSION, OLD_FORMAT_VERSIONS, BlobCheck, PayloadKind, check_header, parse_header_reason,
                       slot_header_reason, verify_blob_reason)
 from ..index import IndexEntry, L3Index, deployment_tag, split_key
-from ..slab_dir import read_slab_meta, slab_path
+from ..slab_dir import kind_slabs, read_slab_meta, slab_namespaces
 from ..slab_reader import SlabReader
 
 __all__ = ["FsckReport", "fsck", "fsck_main"]
@@ -122,19 +122,36 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                        f"malformed value(s) (a damaged LMDB page); every entry was still checked. Lookups in the "
                        f"damaged page may miss; stop this node's servers and move the index aside to rebuild it "
                        f"cold", max_problems)
-        for key, e in scan.items:
-            groups[(e.rank, e.disk, split_key(key).kind)].append((key, e))
-        referenced: set[tuple[int, int, int, int]] = set()
-        to_drop: list[tuple[bytes, IndexEntry]] = []
-        for (rank, disk, kv), items in sorted(groups.items()):
+        # Which slab an entry names: a kind has one slab per slot size (slab_dir.py); with several, the namespace of
+        # the entry's key picks the one whose sidecar lists it (what the owner's cold start does, KindState.slab_of).
+        slabs: dict[tuple[int, int, int], list] = {}
+
+        def slab_for(rank, disk, kv, ns) -> "str | None":
             kind = PayloadKind.from_byte(kv)
-            path = slab_path(config, rank, kind, disk) if kind is not None and 0 <= disk < len(config.disks) else None
+            if kind is None or not 0 <= disk < len(config.disks):
+                return None
+            have = slabs.get((rank, disk, kv))
+            if have is None:
+                have = slabs[(rank, disk, kv)] = [(p, slab_namespaces(read_slab_meta(p)))
+                                                  for p in kind_slabs(config, rank, kind, disk)]
+            if len(have) == 1:
+                return have[0][0]
+            return next((p for p, names in have if ns in names), None)
+
+        for key, e in scan.items:
+            k = split_key(key)
+            groups[(e.rank, e.disk, k.kind, slab_for(e.rank, e.disk, k.kind, k.namespace))].append((key, e))
+        referenced: set[tuple[str, int]] = set()
+        to_drop: list[tuple[bytes, IndexEntry]] = []
+        for (rank, disk, kv, path), items in sorted(groups.items(), key=lambda g: (g[0][:3], g[0][3] or "")):
+            kind = PayloadKind.from_byte(kv)
             meta = read_slab_meta(path) if path else None
             if meta is None or not os.path.exists(path):
                 for key, e in items:
                     rep.orphan_index += 1
                     to_drop.append((key, e))
-                _note(rep, f"{len(items)} entries point at missing slab rank={rank} disk={disk} kind={kv}", max_problems)
+                _note(rep, f"{len(items)} entries point at a missing slab (rank={rank} disk={disk} kind={kv}, or a "
+                           f"namespace no slab of the kind lists)", max_problems)
                 continue
             slot_bytes, num_slots = int(meta["slot_bytes"]), int(meta["num_slots"])
             rd = SlabReader(path, slot_bytes, num_slots=num_slots, tolerant=True)
@@ -146,7 +163,7 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                         to_drop.append((key, e))
                         _note(rep, f"{path}: entry points at slot {e.slot} beyond {num_slots}", max_problems)
                         continue
-                    referenced.add((rank, disk, kv, e.slot))
+                    referenced.add((path, e.slot))
                     k = split_key(key)
                     try:
                         if headers_only:
@@ -189,8 +206,7 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
         # trailer holds no v2 header, to name a v1 blob).
         for rank in range(config.num_ranks):
             disk = config.disk_for_rank(rank)
-            for kind in PayloadKind:
-                path = slab_path(config, rank, kind, disk)
+            for kind, path in ((k, p) for k in PayloadKind for p in kind_slabs(config, rank, k, disk)):
                 meta = read_slab_meta(path)
                 if meta is None or not os.path.exists(path):
                     continue
@@ -204,7 +220,7 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                 rd = SlabReader(path, int(meta["slot_bytes"]), num_slots=int(meta["num_slots"]), tolerant=True)
                 try:
                     for slot in range(rd.num_slots):  # what the file holds
-                        if (rank, disk, int(kind), slot) in referenced:
+                        if (path, slot) in referenced:
                             continue
                         try:
                             hdr, reason = parse_header_reason(rd.read_header(slot))

@@ -249,3 +249,52 @@ def test_sglang_backups_still_decide_the_writer_through_is_storage_writer():
 
     src = inspect.getsource(cc_mod)
     assert src.count("backup_skip") == 2 and src.count("is_storage_writer") == 1  # no other writer decision
+
+
+def _budget_config(tmp_path, budget: str, name: str = "l3") -> str:
+    cfg = write_config(tmp_path, name=name)
+    text = open(cfg).read().replace('budget = "16MiB"', f'budget = "{budget}"')
+    open(cfg, "w").write(text)
+    return cfg
+
+
+def test_a_budget_above_the_free_space_is_refused_at_launch_in_one_line(tmp_path):
+    """Issue 20, item 2: a budget the disk cannot hold used to pass the launch checks and fail at attach (after the
+    model loaded) with a chained traceback. Now the launch stops first, with one line that names the fix -- the
+    same figures doctor reports."""
+    import os
+    import shutil
+
+    free = shutil.disk_usage(tmp_path).free
+    cfg = _budget_config(tmp_path, f"{(free + 2**40) // 2**20}MiB")  # a TiB more than the disk has free
+    with pytest.raises(SystemExit) as exc:
+        parse(l3_argv(cfg))
+    msg = str(exc.value)
+    assert "\n" not in msg and "disks[0].budget" in msg and "free" in msg and "lower disks[0].budget" in msg, msg
+    # doctor says the same (one computation for both)
+    from sglang_glm_ext.declare import DoctorInput
+    from sglang_glm_ext.l3 import doctor
+
+    part = doctor.report(DoctorInput({"enable_cp_l3": True, "cp_l3_config": cfg}, (), {}))
+    assert any("lower disks[0].budget" in p for p in part.problems), part.problems
+    assert os.path.isfile(cfg)
+
+
+def test_slabs_already_on_disk_count_as_space_held_not_needed_again(tmp_path, monkeypatch):
+    """The deployment's own preallocated slabs already hold their share of the budget: a restart with the same budget
+    passes on a disk that has little room left, and only the part of a raised budget the slabs do not hold yet has
+    to fit in the free space."""
+    from sglang_glm_ext.l3 import diskcheck
+    from sglang_glm_ext.l3.config import L3Config
+    from sglang_glm_ext.l3.format import Namespace, PayloadKind
+    from sglang_glm_ext.l3.store import L3Store
+
+    cfg = _budget_config(tmp_path, "8MiB")
+    s = L3Store.open(L3Config.load(cfg), rank=0, namespace=Namespace("m", "fp8", "page_first", 64, 0, 2, "r"),
+                     page_bytes={PayloadKind.TARGET_KV: 64 * 1024 - 128})
+    s.close()  # its slab (8 MiB, preallocated) stays on disk
+    monkeypatch.setattr(diskcheck, "free_bytes", lambda path: 1 * 2**20)  # the file system is nearly full
+    assert parse(l3_argv(cfg)).hicache_storage_backend == "dynamic"  # the same budget: already held
+    raised = _budget_config(tmp_path, "12MiB")  # the same directories, 4 MiB more than the slab holds
+    with pytest.raises(SystemExit, match=r"4\.0 MiB more .* 1\.0 MiB free.*at most 9\.0 MiB"):
+        parse(l3_argv(raised))

@@ -1,0 +1,102 @@
+"""Issue 20, item 8: a write burst through SGLang's own backup thread, larger than the L3 staging.
+
+Staging full used to answer SGLang False for the overflow pages: SGLang logs "Write page to storage: N pages
+failed" for each such batch and drops the rest of that operation (``cache_controller.py`` ``_page_backup``: a False
+batch ends the operation; nothing retries it), so those pages were simply not in L3. The backup thread runs off the
+scheduler, so the backend waits there, bounded (``queues.wait_ms``), for the writer to make room: every page of the
+burst reaches L3, SGLang logs nothing, and a drop happens only when the disk stalls past the bound -- counted
+(``dropped_writes{reason="staging"}``), one SGLang line per bound at most. ``wait_ms = 0`` keeps the old drop, as
+the comparison here shows.
+"""
+
+import hashlib
+import logging
+import os
+
+import pytest
+
+from .conftest import write_config
+
+pytestmark = pytest.mark.usefixtures("standins")
+
+PS = 64
+OPS, PAGES = 6, 16  # 96 pages in a burst, staging holds 8
+
+
+def _stack(cfg):
+    from sglang_glm_ext.l3.hicache.testing import stack
+
+    spec = stack.StackSpec(layers=2, device_pages=64)
+    sa = stack.publish_server_args(spec, storage_backend=None, extra_config=None,
+                                   plugin_values={"enable_cp_l3": True, "cp_l3_config": cfg})
+    return stack.DsaStack.build(spec, sa)
+
+
+def _config(tmp_path, name, wait_ms=None):
+    from sglang_glm_ext.l3.format import slot_bytes_for
+
+    cfg = write_config(tmp_path, name=name)
+    page = 64 * 2 * 656  # KV page of this stack: 64 tokens x 2 layers x 656 B
+    text = open(cfg).read().replace('staging_bytes = "256MiB"', f"staging_bytes = {8 * slot_bytes_for(page)}")
+    if wait_ms is not None:
+        text = text.replace("wait_ms = 5000", f"wait_ms = {wait_ms}")
+    open(cfg, "w").write(text)
+    return cfg
+
+
+def _burst(st, caplog):
+    """OPS write-back operations handed to SGLang's backup thread at once (host pages reused, new keys each)."""
+    import torch
+
+    be, cc = st.backend, st.controller
+
+    def slow(fd, data, offset):  # a disk a little slower than the burst
+        import time
+
+        time.sleep(0.01)
+        return os.pwrite(fd, data, offset)
+
+    for kind in list(be.store.shared._kinds):
+        be.store.slab(kind).inject_write_fault(slow)
+    caplog.clear()
+    caplog.set_level(logging.WARNING, logger="sglang.srt.managers.cache_controller")
+    keys = []
+    for op in range(OPS):
+        hashes = [hashlib.sha256(f"burst{op}:{p}".encode()).hexdigest() for p in range(PAGES)]
+        keys += hashes
+        cc.write_storage(torch.arange(PAGES * PS, dtype=torch.int64), [], hash_value=hashes)
+    acked = [cc.ack_backup_queue.get(timeout=120) for _ in range(OPS)]
+    assert be.store.flush(120)
+    from sglang_glm_ext.l3.hicache.keys import storage_key
+
+    kind = be.kinds["kv"]
+    in_l3 = sum(be.store.exists(kind, [storage_key(k)], include_staged=False) for k in keys)
+    failed_lines = [r for r in caplog.records if "Write page to storage" in r.getMessage()]
+    return in_l3, sum(op.completed_tokens for op in acked) // PS, failed_lines, be.store.stats()
+
+
+def test_a_burst_bigger_than_staging_reaches_l3_whole_and_sglang_logs_nothing(tmp_path, caplog):
+    st = _stack(_config(tmp_path, "bp"))
+    try:
+        in_l3, acked, lines, stats = _burst(st, caplog)
+        assert stats["staging_cap_bytes"] < OPS * PAGES * stats["staging_cap_bytes"] // 8  # the burst overflows it
+        assert in_l3 == acked == OPS * PAGES, (in_l3, acked)  # the hit rate a burst leaves in L3: all of it
+        assert lines == [] and stats["dropped_staging"] == 0
+        assert stats["staging_peak_bytes"] <= stats["staging_cap_bytes"]  # memory stayed at the cap
+    finally:
+        st.close()
+
+
+def test_wait_ms_0_keeps_the_drop_and_it_is_counted(tmp_path, caplog):
+    st = _stack(_config(tmp_path, "drop", wait_ms=0))
+    try:
+        in_l3, acked, lines, stats = _burst(st, caplog)
+        assert in_l3 < OPS * PAGES and stats["dropped_staging"] > 0  # pages simply not in L3, counted
+        assert acked <= in_l3 + stats["dropped_staging"]
+        assert lines  # SGLang's own line for each failed batch: what the default avoids
+        from sglang_glm_ext.l3 import metrics
+
+        got = {(n, lab): v for n, lab, v in metrics.store_samples(stats)}
+        assert got[("sglang:cp_l3_dropped_writes_total", (("reason", "staging"),))] == stats["dropped_staging"]
+    finally:
+        st.close()
