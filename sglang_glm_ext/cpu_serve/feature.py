@@ -15,6 +15,12 @@ CPU_SERVE = EnvVar(
     "Refused where an accelerator or a real sgl_kernel is present.",
 )
 
+PERTURB_LOADS = EnvVar(
+    "SGLANG_GLM_EXT_CPU_SERVE_PERTURB_LOADS", "0",
+    "TEST-ONLY negative control of the CPU serving mode: 1 = every host->device KV load (HiCache L2/L3 hits) is "
+    "written back negated and scaled, so a comparison of outputs must fail. Never set it to serve.",
+)
+
 
 def validate(values: Mapping[str, Any]) -> None:
     """With the mode on: refuse (one line) where it cannot run; the --device check needs the record (hooks.py)."""
@@ -41,5 +47,5 @@ def _active(_server_args: Any) -> bool:
 FEATURE = Feature(
     "cpu_serve", "SGLang's real server on a CPU-only machine (tiny GLM models, HiCache + L3): stand-ins for what "
     "0.5.23 lacks there", "-",
-    env=(CPU_SERVE,), validate=validate, active_when=_active,
+    env=(CPU_SERVE, PERTURB_LOADS), validate=validate, active_when=_active,
 )

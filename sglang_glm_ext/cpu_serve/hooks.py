@@ -27,7 +27,7 @@ logger = logging.getLogger("sglang_glm_ext")
 
 __all__ = ["hook_from_cli_args", "hook_resolve_once", "bind_sgl_kernel_names", "bind_kvcacheio",
            "hook_unpinned_host_pool", "hook_model_adjustments", "hook_get_handler", "indexer_forward_native",
-           "hook_set_k_and_s"]
+           "hook_set_k_and_s", "hook_perturb_loads", "hook_dummy_weights"]
 
 
 def _on() -> bool:
@@ -177,3 +177,47 @@ def hook_set_k_and_s(original, cls, *args, buf, **kwargs):
     pool = kwargs["pool"] if "pool" in kwargs else args[0]
     kernels.set_k_and_s(buf, kwargs["loc"], kwargs["index_k"], kwargs["index_k_scale"], pool.index_page_size)
     return None
+
+
+# ---------------------------------------------------------------------------------------------- negative control
+def _perturb_rows(buf, idx) -> None:
+    rows = buf.view(buf.shape[0], -1)
+    rows[idx] = (rows[idx].float() * -4.0 + 1.0).to(rows.dtype)
+
+
+def hook_perturb_loads(original, self, device_pool, host_indices, device_indices, layer_id, io_backend, *args,
+                       **kwargs):
+    """AROUND a host pool's load_to_device_per_layer: with SGLANG_GLM_EXT_CPU_SERVE_PERTURB_LOADS=1 (test-only),
+    the device rows just loaded are negated and scaled, so the main job's comparison must catch wrong reloaded KV."""
+    result = original(self, device_pool, host_indices, device_indices, layer_id, io_backend, *args, **kwargs)
+    from .feature import PERTURB_LOADS
+
+    if not (_on() and PERTURB_LOADS.get_bool()) or device_indices is None or device_indices.numel() == 0:
+        return result
+    idx = device_indices.long()
+    if hasattr(self, "device_kv_buffers") and hasattr(self, "_buffer_index_by_layer"):  # MLA
+        if layer_id in self._buffer_index_by_layer:
+            _perturb_rows(self.device_kv_buffers[self._buffer_index_by_layer[layer_id]], idx)
+    elif hasattr(self, "device_k_buffers"):  # MHA
+        _perturb_rows(self.device_k_buffers[layer_id], idx)
+        _perturb_rows(self.device_v_buffers[layer_id], idx)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- dummy weights
+def hook_dummy_weights(result, model, *args, **kwargs):
+    """AFTER weight_utils.initialize_dummy_weights: for a model directory written by `sglang-glm-ext tiny-model`
+    (its marker file), give each parameter seeded, fan-in-scaled values (kernels.scaled_dummy_init), so the tiny
+    model's greedy output depends on the prompt; any other model keeps SGLang's dummy weights."""
+    if not _on():
+        return result
+    from ..declare import published_server_args
+    from .tiny_model import scaled_dummy_seed
+
+    record = published_server_args()
+    seed = scaled_dummy_seed(getattr(record, "model_path", None))
+    if seed is not None:
+        n = kernels.scaled_dummy_init(model.state_dict().items(), seed)
+        logger.info("sglang-glm-ext cpu_serve: scaled dummy weights for the tiny model (%d parameters, seed %d)",
+                    n, seed)
+    return result

@@ -26,6 +26,7 @@ __all__ = [
     "transfer_kv_per_layer_mla", "transfer_kv_all_layer_mla", "transfer_kv_per_layer_mla_pf_lf",
     "transfer_kv_all_layer_mla_lf_pf", "transfer_kv_per_layer", "transfer_kv_all_layer",
     "transfer_kv_per_layer_pf_lf", "transfer_kv_all_layer_lf_pf", "hadamard_transform", "act_quant", "set_k_and_s",
+    "scaled_dummy_init",
 ]
 
 # The kvcacheio names 0.5.23's host pools call for the layouts and io backends L3 serves (page_head and
@@ -254,3 +255,33 @@ def set_k_and_s(buf, loc, index_k, index_k_scale, page_size: int):
     keys[page, off] = index_k.contiguous().view(torch.uint8).reshape(-1, head)
     scales = buf[:, page_size * head:].view(num_pages, page_size, 4)
     scales[page, off] = index_k_scale.reshape(-1, 1).contiguous().to(torch.float32).view(torch.uint8).reshape(-1, 4)
+
+
+# ---------------------------------------------------------------------------------------------- dummy weights
+def scaled_dummy_init(named_params, seed: int = 0) -> int:
+    """Deterministic per-parameter weights for a tiny model served with ``--load-format dummy``: each parameter gets
+    its own generator (seeded by ``seed`` and a CRC of its name, so every launch of the same model gets the same
+    weights), norm weights 1, biases 0, embeddings N(0, 1), other matrices N(0, 1/fan_in) with fan_in the last
+    axis. Returns how many parameters it set. Only floating parameters of 16+ bits are touched."""
+    import zlib
+
+    import torch
+
+    done = 0
+    for name, param in named_params:
+        if not torch.is_floating_point(param) or torch.finfo(param.dtype).bits < 16:
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        with torch.no_grad():
+            if leaf == "bias" or "correction_bias" in name:
+                param.zero_()
+            elif "norm" in name and param.dim() == 1:
+                param.fill_(1.0)
+            else:
+                gen = torch.Generator(device="cpu")
+                gen.manual_seed((zlib.crc32(name.encode()) ^ (seed * 0x9E3779B1)) & 0x7FFFFFFF)
+                std = 1.0 if "embed" in name else (param.shape[-1] ** -0.5 if param.dim() >= 2 else 0.02)
+                values = torch.randn(param.shape, generator=gen, dtype=torch.float32) * std
+                param.copy_(values.to(param.dtype))
+        done += 1
+    return done

@@ -170,4 +170,33 @@ PATCHES: tuple[Patch, ...] = (
         seed_lines="-", sglang_versions=_V, remove_when="SGLang ships a native DSA indexer.",
         signature=("cls", "args", "buf", "kwargs"), source_sha="5355ac0b95c02f95",
     ),
+    *(Patch(
+        id=f"cpu_serve.perturb_{kind}_loads",
+        target=f"sglang.srt.mem_cache.pool_host.{kind}.{cls}.load_to_device_per_layer",
+        hook_type="around",
+        hook="sglang_glm_ext.cpu_serve.hooks:hook_perturb_loads",
+        feature=FEATURE,
+        tier=Tier.CPU_SERVE,
+        reason="Negative control of the main job (test-only, off unless SGLANG_GLM_EXT_CPU_SERVE_PERTURB_LOADS=1): "
+        "the device rows a HiCache load just wrote are negated and scaled, so comparing outputs with the "
+        "reference must fail; proves the comparison can see wrong reloaded KV.",
+        seed_lines="-", sglang_versions=_V, remove_when="never while the main job's negative control exists.",
+        signature=("self", "device_pool", "host_indices", "device_indices", "layer_id", "io_backend", "is_draft"),
+        source_sha=sha,
+    ) for kind, cls, sha in (("mla", "MLATokenToKVPoolHost", "c9c9131836c6c367"),
+                             ("mha", "MHATokenToKVPoolHost", "1206daa053dca863"))),
+    Patch(
+        id="cpu_serve.dummy_weights",
+        target="sglang.srt.model_loader.weight_utils.initialize_dummy_weights",
+        hook_type="after",
+        hook="sglang_glm_ext.cpu_serve.hooks:hook_dummy_weights",
+        feature=FEATURE,
+        tier=Tier.CPU_SERVE,
+        reason="SGLang's dummy weights (uniform +-1e-3 with one seed for every parameter) make a tiny model's greedy "
+        "output independent of the prompt, so any comparison of outputs would pass vacuously. For a model "
+        "directory written by `sglang-glm-ext tiny-model` (its marker file) only, each parameter gets seeded, "
+        "fan-in-scaled values, the same on every launch.",
+        seed_lines="-", sglang_versions=_V, remove_when="never while the CPU tiny models use dummy weights.",
+        signature=("model", "low", "high", "seed"), source_sha="d54d8b145f6ff264",
+    ),
 )

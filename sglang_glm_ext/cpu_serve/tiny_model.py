@@ -21,6 +21,11 @@ import os
 from typing import Any
 
 ARCHES = ("glm4_moe", "glm5")
+# Written into the model directory. With it, the CPU serving mode's dummy-weight init (cpu_serve.dummy_weights)
+# gives each parameter its own seeded, fan-in-scaled values instead of SGLang's one-seed uniform +-1e-3: with
+# SGLang's values a tiny model's greedy output does not depend on the prompt (every reply is the same tokens), so
+# comparing outputs across restarts would prove nothing.
+MARKER = "sglang_glm_ext_tiny_model.json"
 VOCAB_SIZE = 512
 # GLM's chat markers; the template below is GLM-4's shape ([gMASK]<sop><|role|>\ncontent...).
 SPECIAL_TOKENS = ("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")
@@ -111,8 +116,10 @@ def tokenizer():
 
 
 def write(arch: str, directory: str, *, hidden: int | None = None, layers: int = 2, experts: int = 4,
-          force: bool = False) -> dict[str, Any]:
-    """Write the model directory; returns its config. Refuses a directory that holds files unless `force`."""
+          force: bool = False, scaled_dummy: bool = True, seed: int = 0) -> dict[str, Any]:
+    """Write the model directory; returns its config. Refuses a directory that holds files unless `force`.
+    `scaled_dummy`: write MARKER, so the CPU serving mode initialises `--load-format dummy` weights per parameter
+    (seeded by `seed` and the parameter's name) at a scale whose output depends on the prompt."""
     cfg = config(arch, hidden=hidden, layers=layers, experts=experts)
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise TinyModelError(f"{directory}: exists and is not a directory")
@@ -127,7 +134,29 @@ def write(arch: str, directory: str, *, hidden: int | None = None, layers: int =
         json.dump({"eos_token_id": cfg["eos_token_id"], "pad_token_id": cfg["pad_token_id"]}, f, indent=2)
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
+    marker = os.path.join(directory, MARKER)
+    if scaled_dummy:
+        with open(marker, "w") as f:
+            json.dump({"generator": "sglang-glm-ext tiny-model", "arch": arch, "dummy_init": "scaled",
+                       "seed": seed}, f, indent=2)
+    elif os.path.exists(marker):
+        os.remove(marker)
     return cfg
+
+
+def scaled_dummy_seed(model_path: str | None) -> int | None:
+    """The seed of a tiny model directory that asks for scaled dummy weights; None otherwise (SGLang's own init)."""
+    if not model_path:
+        return None
+    try:
+        with open(os.path.join(model_path, MARKER)) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("dummy_init") != "scaled":
+        return None
+    seed = meta.get("seed", 0)
+    return seed if isinstance(seed, int) else 0
 
 
 def add_subcommand(sub) -> None:
@@ -140,13 +169,16 @@ def add_subcommand(sub) -> None:
     p.add_argument("--layers", type=int, default=2, help="decoder layers (default 2: one dense, one MoE)")
     p.add_argument("--experts", type=int, default=4, help="routed experts (top-2; default 4)")
     p.add_argument("--force", action="store_true", help="write into a non-empty directory")
+    p.add_argument("--plain-dummy", action="store_true",
+                   help="leave SGLang's own dummy weights (uniform +-1e-3, one seed): the output then does not depend "
+                        "on the prompt")
     p.set_defaults(func=_run)
 
 
 def _run(args) -> int:
     try:
         cfg = write(args.arch, args.dir, hidden=args.hidden, layers=args.layers, experts=args.experts,
-                    force=args.force)
+                    force=args.force, scaled_dummy=not args.plain_dummy)
     except TinyModelError as exc:
         print(f"sglang-glm-ext tiny-model: {exc}")
         return 2
