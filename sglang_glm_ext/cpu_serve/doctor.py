@@ -2,8 +2,8 @@
 
 Keys: `mode` ("on" / "off": SGLANG_GLM_EXT_CPU_SERVE), `may_run` (bool), `why_not` ('' or the one line a launch
 would refuse with), `standin_reachable` (whether `import sgl_kernel` reaches the stand-in in this process),
-`accelerator` ('' or its name), `real_sgl_kernel` ('' or its path), `use_cpu_engine` (SGLANG_USE_CPU_ENGINE).
-A problem (exit 1) only when the mode is on and cannot run.
+`accelerator` ('' or its name; asked only with the mode on), `real_sgl_kernel` ('' or its path), `use_cpu_engine` (SGLANG_USE_CPU_ENGINE).
+A problem (exit 1) only when the mode is on and cannot run (with `doctor --device X`, also when X is not cpu).
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from .feature import CPU_SERVE, USE_CPU_ENGINE
 def report(inp: DoctorInput) -> DoctorPart:
     on = gate.mode_on()
     why = gate.refusal_reason() if on else ""
+    device = inp.launch.get("device")  # doctor --device X: the launch's --device
+    if on and not why and device is not None:
+        why = gate.device_refusal(device)
     info = {
         "mode": "on" if on else "off",
         "may_run": on and not why,

@@ -38,6 +38,8 @@ def validate(values: Mapping[str, Any]) -> None:
 
 
 def _active(_server_args: Any) -> bool:
+    """Switched on by its env var (read here, as every SGLang process does); `device` is what doctor may be given
+    (`doctor --device cpu`) to check the launch's --device too."""
     try:
         return CPU_SERVE.get_bool()
     except ValueError:
@@ -47,5 +49,5 @@ def _active(_server_args: Any) -> bool:
 FEATURE = Feature(
     "cpu_serve", "SGLang's real server on a CPU-only machine (tiny GLM models, HiCache + L3): stand-ins for what "
     "0.5.23 lacks there", "-",
-    env=(CPU_SERVE, PERTURB_LOADS), validate=validate, active_when=_active,
+    env=(CPU_SERVE, PERTURB_LOADS), validate=validate, active_when=_active, sglang_args=("device",),
 )
