@@ -105,3 +105,11 @@ def activate() -> str:
     if not standin_reachable():
         sys.path.insert(0, SHADOW_DIR)
     return ""
+
+
+def _probe_child(queue) -> None:
+    """Test helper, run as a spawn child's target: what `import sgl_kernel` reaches there (tests/cpu_serve)."""
+    import sgl_kernel
+
+    queue.put({"standin": bool(getattr(sgl_kernel, "GLM_EXT_CPU_STANDIN", False)),
+               "first": os.path.abspath(sys.path[0]) == SHADOW_DIR})
