@@ -28,8 +28,11 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 CPU_SERVE_ENV = {"SGLANG_GLM_EXT_CPU_SERVE": "1", "SGLANG_USE_CPU_ENGINE": "1"}
 
 # SGLang's own flags for a CPU server of a tiny model (cpu_server_0523.md): dummy weights, the torch attention
-# backend, a small static KV pool, no CUDA graphs.
-CPU_BASE_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--load-format", "dummy",
+# backend, a small static KV pool, no CUDA graphs. float32 compute (the GLM-5 KV cache stays bf16: SGLang's DSA
+# resolution allows only bf16 / fp8 there): in bf16 a prefix hit and a cold prefill of the same prompt differ in
+# reduction order enough to flip near-tie greedy tokens of a random model (seen here: 1 of 4 requests), in float32
+# they gave the same ids on every workload tried, so replays can be compared with a cold reference.
+CPU_BASE_ARGS = ("--device", "cpu", "--attention-backend", "torch_native", "--load-format", "dummy", "--dtype", "float32",
                  "--mem-fraction-static", "0.05", "--max-total-tokens", "8192", "--disable-cuda-graph",
                  "--page-size", "64")
 HICACHE_ARGS = ("--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-io-backend", "direct",
