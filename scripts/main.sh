@@ -7,21 +7,23 @@
 # (SGLang's HiCache pieces with L3, byte-checked, without a server). L3_BENCH_GB=N also runs the engine bench.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+VENV="${VENV:-.venv}"  # as scripts/setup_env.sh
+export VENV
 t0=$SECONDS
 bash scripts/setup_env.sh
 echo "set-up: $((SECONDS - t0)) s"
 # SGLang's native page hash is a JIT C++ extension: build it inside the checkout, not in ~/.cache.
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.torch_extensions}"
-.venv/bin/sglang-glm-ext doctor
+"$VENV/bin/sglang-glm-ext" doctor
 work="$(mktemp -d "${TMPDIR:-/var/tmp}/glm_ext_main.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 t1=$SECONDS
 # The served run stops every server it started on every exit path (Ctrl-C included): each runs in its own
 # process group, and run.py's finally / signal handler stops that group.
-.venv/bin/sglang-glm-ext cpu-serve run --dir "$work/served"
+"$VENV/bin/sglang-glm-ext" cpu-serve run --dir "$work/served"
 echo "served run: $((SECONDS - t1)) s"
-.venv/bin/sglang-glm-ext demo --dir "$work/demo" --keep
-.venv/bin/sglang-glm-ext l3 fsck "$work/demo/l3.toml"
+"$VENV/bin/sglang-glm-ext" demo --dir "$work/demo" --keep
+"$VENV/bin/sglang-glm-ext" l3 fsck "$work/demo/l3.toml"
 if [ -n "${L3_BENCH_GB:-}" ]; then
-  .venv/bin/sglang-glm-ext l3 bench --dir "$work/bench" --size-gb "$L3_BENCH_GB" --repeats 3
+  "$VENV/bin/sglang-glm-ext" l3 bench --dir "$work/bench" --size-gb "$L3_BENCH_GB" --repeats 3
 fi
