@@ -27,7 +27,7 @@ logger = logging.getLogger("sglang_glm_ext")
 
 __all__ = ["hook_from_cli_args", "hook_resolve_once", "bind_sgl_kernel_names", "bind_kvcacheio",
            "hook_unpinned_host_pool", "hook_model_adjustments", "hook_get_handler", "indexer_forward_native",
-           "hook_set_k_and_s", "hook_perturb_loads", "hook_dummy_weights"]
+           "hook_set_k_and_s", "hook_perturb_loads", "hook_dummy_weights", "hook_cpu_streams"]
 
 
 def _on() -> bool:
@@ -220,4 +220,34 @@ def hook_dummy_weights(result, model, *args, **kwargs):
         n = kernels.scaled_dummy_init(model.state_dict().items(), seed)
         logger.info("sglang-glm-ext cpu_serve: scaled dummy weights for the tiny model (%d parameters, seed %d)",
                     n, seed)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- streams
+_SYNC_STREAM_CLASSES: dict = {}
+
+
+def _synchronizing(stream):
+    """The same CPU stream object's class with a no-op ``synchronize`` (work on a CPU "stream" already ran)."""
+    base = type(stream)
+    cls = _SYNC_STREAM_CLASSES.get(base)
+    if cls is None:
+        cls = type(f"{base.__name__}WithSynchronize", (base,), {
+            "__doc__": "torch.cpu.Stream plus synchronize(): CPU work is synchronous (sglang-glm-ext cpu_serve).",
+            "synchronize": lambda self: None,
+        })
+        _SYNC_STREAM_CLASSES[base] = cls
+    stream.__class__ = cls
+    return stream
+
+
+def hook_cpu_streams(result, self, *args, **kwargs):
+    """AFTER L2TransferEngine.__init__: torch.cpu.Stream has no ``synchronize``, which the transfer error path
+    calls (l2_transfer.py ~123); there the AttributeError would hide the real error. Give the CPU streams one."""
+    if not _on():
+        return result
+    for name in ("device_to_host_stream", "host_to_device_stream"):
+        stream = getattr(self, name, None)
+        if stream is not None and not hasattr(stream, "synchronize"):
+            _synchronizing(stream)
     return result

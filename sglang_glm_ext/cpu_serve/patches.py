@@ -199,4 +199,17 @@ PATCHES: tuple[Patch, ...] = (
         seed_lines="-", sglang_versions=_V, remove_when="never while the CPU tiny models use dummy weights.",
         signature=("model", "low", "high", "seed"), source_sha="d54d8b145f6ff264",
     ),
+    Patch(
+        id="cpu_serve.cpu_stream_synchronize",
+        target="sglang.srt.mem_cache.l2_transfer.L2TransferEngine.__init__",
+        hook_type="after",
+        hook="sglang_glm_ext.cpu_serve.hooks:hook_cpu_streams",
+        feature=FEATURE,
+        tier=Tier.CPU_SERVE,
+        reason="torch.cpu.Stream has no synchronize(); the L2 transfer error path calls it (l2_transfer.py ~123), "
+        "so an AttributeError would replace the real error. The engine's CPU streams get a no-op synchronize "
+        "(CPU work is synchronous).",
+        seed_lines="-", sglang_versions=_V, remove_when="torch.cpu.Stream has synchronize().",
+        signature=("self", "io_backend"), source_sha="c702d5a13550d5f7",
+    ),
 )

@@ -101,3 +101,18 @@ def test_launch_check_needs_device_cpu(monkeypatch):
     monkeypatch.delenv("SGLANG_GLM_EXT_CPU_SERVE")
     Args.device = "cuda"
     hooks.check_launch(Args())  # mode off: nothing to check
+
+
+def test_l2_transfer_streams_get_a_synchronize_on_cpu(mode_on):
+    from sglang.srt.mem_cache.l2_transfer import L2TransferEngine
+
+    raw = L2TransferEngine.__init__
+    while hasattr(raw, "__wrapped__"):
+        raw = raw.__wrapped__
+    engine = L2TransferEngine.__new__(L2TransferEngine)
+    raw(engine, "direct")
+    assert not hasattr(engine.device_to_host_stream, "synchronize")  # torch.cpu.Stream as 0.5.23 makes it
+    hooks.hook_cpu_streams(None, engine, "direct")
+    engine.device_to_host_stream.synchronize()
+    engine.host_to_device_stream.synchronize()
+    assert isinstance(engine.device_to_host_stream, torch.cpu.Stream)
