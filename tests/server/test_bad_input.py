@@ -63,6 +63,11 @@ def test_unwritable_path(glm5_model, tmp_path, ro_dir):
 
 
 def test_budget_above_free_space(glm5_model, tmp_path):
-    # Needs issue 20's launch-time budget-vs-free-space check: a 1 PiB budget on this disk must stop the launch.
-    cfg = l3_config(str(tmp_path / "l3"), budget="1PiB")
-    _refused_in_one_line(_launch(glm5_model, cfg, tmp_path), "free")
+    # Needs issue 20's launch-time budget-vs-free-space check: a budget far above what this disk has free must stop
+    # the launch (the message names the budget and the free space; the work path holds no such words).
+    work = tmp_path / "budget"
+    cfg = l3_config(str(work / "l3"), budget="100TiB")
+    proc = _launch(glm5_model, cfg, tmp_path)
+    _refused_in_one_line(proc, "budget")
+    last = proc.stderr.strip().splitlines()[-1].replace(str(work), "")
+    assert "free" in last and "cannot parse" not in last, last
