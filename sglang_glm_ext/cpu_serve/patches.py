@@ -27,17 +27,13 @@ _POOL_INIT = {
                                      "start_layer", "end_layer", "draft_buffer_infos", "write_back_staging",
                                      "pool_label", "head_group_num", "host_token_capacity"), "95be47cf1857ceeb"),
 }
-# The kvcacheio names each host-pool module calls (the MHA kernel-I/O ops only in mha.py).
-_POOL_OPS = {
-    "mla": tuple(n for n in KVCACHEIO_NAMES if n in (
-        "transfer_kv_direct", "transfer_kv_per_layer_direct_pf_lf", "transfer_kv_all_layer_direct_lf_pf",
-        "transfer_kv_per_layer_mla", "transfer_kv_all_layer_mla", "transfer_kv_per_layer_mla_pf_lf",
-        "transfer_kv_all_layer_mla_lf_pf")),
-    "dsa": ("transfer_kv_direct", "transfer_kv_per_layer_mla", "transfer_kv_all_layer_mla"),
-    "mha": ("transfer_kv_direct", "transfer_kv_per_layer_direct_pf_lf", "transfer_kv_all_layer_direct_lf_pf",
-            "transfer_kv_per_layer", "transfer_kv_all_layer", "transfer_kv_per_layer_pf_lf",
-            "transfer_kv_all_layer_lf_pf"),
-}
+# The kvcacheio names each host-pool module calls (tests/cpu_serve/test_standin.py derives them from its source);
+# page_head / page_unified (MHA-only layouts L3 does not serve) and the Ascend exchange are left unbound.
+_MLA_OPS = ("transfer_kv_direct", "transfer_kv_per_layer_direct_pf_lf", "transfer_kv_all_layer_direct_lf_pf",
+            "transfer_kv_per_layer_mla", "transfer_kv_all_layer_mla", "transfer_kv_per_layer_mla_pf_lf",
+            "transfer_kv_all_layer_mla_lf_pf")
+_POOL_OPS = {"mla": _MLA_OPS, "dsa": _MLA_OPS,
+             "mha": tuple(n for n in KVCACHEIO_NAMES if n != "transfer_kv_all_layer_mla")}
 
 PATCHES: tuple[Patch, ...] = (
     Patch(

@@ -150,3 +150,18 @@ def test_wheel_has_no_top_level_sgl_kernel_pth_or_sitecustomize(tmp_path):
     tops = {n.split("/", 1)[0] for n in names}
     assert all(t == "sglang_glm_ext" or t.endswith(".dist-info") for t in tops), tops
     assert not [n for n in names if n.endswith(".pth") or "sitecustomize" in n or "usercustomize" in n]
+
+
+def test_kvcacheio_bindings_cover_every_copy_each_host_pool_calls():
+    # Every kvcacheio op a host-pool module calls, but those of layouts L3 does not serve (page_head) and the
+    # Ascend exchange, is bound by that module's cpu_serve.kvcacheio_* patch (else a layout would NameError).
+    import re
+
+    from sglang_glm_ext.plugin.registry import PATCHES
+
+    for kind in ("mha", "mla", "dsa"):
+        src = (_sglang_root() / "srt" / "mem_cache" / "pool_host" / f"{kind}.py").read_text()
+        called = {n for n in re.findall(r"\b(transfer_kv_\w+)\(", src)
+                  if not n.endswith(("_ph", "_ph_lf", "lf_ph")) and n != "transfer_kv_dim_exchange"}
+        (patch,) = [p for p in PATCHES if p.id == f"cpu_serve.kvcacheio_{kind}"]
+        assert called == set(patch.signature), (kind, called ^ set(patch.signature))
