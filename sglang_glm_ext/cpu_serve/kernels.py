@@ -21,7 +21,7 @@ import ctypes
 import numpy as np
 
 __all__ = [
-    "KVCACHEIO_NAMES", "copy_all_layer_kv_cache_cpu", "assign_req_to_token_pool_cpu",
+    "KVCACHEIO_NAMES", "MLA_KVCACHEIO_NAMES", "copy_all_layer_kv_cache_cpu", "assign_req_to_token_pool_cpu",
     "transfer_kv_direct", "transfer_kv_per_layer_direct_pf_lf", "transfer_kv_all_layer_direct_lf_pf",
     "transfer_kv_per_layer_mla", "transfer_kv_all_layer_mla", "transfer_kv_per_layer_mla_pf_lf",
     "transfer_kv_all_layer_mla_lf_pf", "transfer_kv_per_layer", "transfer_kv_all_layer",
@@ -31,7 +31,8 @@ __all__ = [
 
 # The kvcacheio names 0.5.23's host pools call for the layouts and io backends L3 serves (page_head and
 # page_unified are MHA-only layouts L3 does not serve; they stay unbound and raise NameError as upstream).
-KVCACHEIO_NAMES = (
+# Direct I/O (tensor lists) and the MLA kernel-I/O ops (pointer tables): what the MLA and DSA indexer pools call.
+MLA_KVCACHEIO_NAMES = (
     "transfer_kv_direct",
     "transfer_kv_per_layer_direct_pf_lf",
     "transfer_kv_all_layer_direct_lf_pf",
@@ -39,6 +40,8 @@ KVCACHEIO_NAMES = (
     "transfer_kv_all_layer_mla",
     "transfer_kv_per_layer_mla_pf_lf",
     "transfer_kv_all_layer_mla_lf_pf",
+)
+KVCACHEIO_NAMES = MLA_KVCACHEIO_NAMES + (
     "transfer_kv_per_layer",
     "transfer_kv_all_layer",
     "transfer_kv_per_layer_pf_lf",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..declare import Patch, Tier
 from .feature import FEATURE
-from .kernels import KVCACHEIO_NAMES
+from .kernels import KVCACHEIO_NAMES, MLA_KVCACHEIO_NAMES
 
 _V = ("0.5.23",)
 _REMOVE_CPU = "SGLang ships a CPU build of sgl-kernel and CPU paths for HiCache copies, DSA and MLA dispatch."
@@ -29,10 +29,7 @@ _POOL_INIT = {
 }
 # The kvcacheio names each host-pool module calls (tests/cpu_serve/test_standin.py derives them from its source);
 # page_head / page_unified (MHA-only layouts L3 does not serve) and the Ascend exchange are left unbound.
-_MLA_OPS = ("transfer_kv_direct", "transfer_kv_per_layer_direct_pf_lf", "transfer_kv_all_layer_direct_lf_pf",
-            "transfer_kv_per_layer_mla", "transfer_kv_all_layer_mla", "transfer_kv_per_layer_mla_pf_lf",
-            "transfer_kv_all_layer_mla_lf_pf")
-_POOL_OPS = {"mla": _MLA_OPS, "dsa": _MLA_OPS,
+_POOL_OPS = {"mla": MLA_KVCACHEIO_NAMES, "dsa": MLA_KVCACHEIO_NAMES,
              "mha": tuple(n for n in KVCACHEIO_NAMES if n != "transfer_kv_all_layer_mla")}
 
 PATCHES: tuple[Patch, ...] = (

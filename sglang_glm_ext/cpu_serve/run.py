@@ -194,28 +194,26 @@ def run(work: str, *, conversations: int = 3, turns: int = 3, server_timeout: fl
                          "the first pass of the HiCache server instead")
 
         l3_args = (*served.HICACHE_ARGS, "--enable-metrics", "--enable-cp-l3", "--cp-l3-config", cfg_path)
+        def l3_phase(name: str, title: str, env: dict | None = None) -> Phase:
+            """One server with HiCache + L3: the workload, wait for the write-back to drain, stop."""
+            srv = runner.start(name, l3_args, env=env)
+            phase = Phase(title)
+            for m in reqs:
+                phase.replies.append(served.chat(srv.url, m))
+            phase.spilled = served.wait_counter_settled(srv.url, SPILL)
+            phase.reloaded = served.scrape(srv.url).get(RELOAD, 0.0)
+            runner.stop()
+            phases.append(phase)
+            return phase
+
         # ---- first pass with HiCache + L3
-        srv = runner.start("first pass", l3_args)
-        first = Phase("HiCache + L3, first pass")
-        for m in reqs:
-            first.replies.append(served.chat(srv.url, m))
-        first.spilled = served.wait_counter_settled(srv.url, SPILL)
-        first.reloaded = served.scrape(srv.url).get(RELOAD, 0.0)
-        runner.stop()
-        phases.append(first)
+        first = l3_phase("first pass", "HiCache + L3, first pass")
         reference = cold.replies if hit_eq_cold else first.replies
         if hit_eq_cold and compare(first.replies, cold.replies):
             failures.append(f"first pass differs from the reference at requests {compare(first.replies, cold.replies)}")
 
         # ---- restart, cold_start = "load", replay
-        srv = runner.start("after restart", l3_args)
-        again = Phase("after restart (cold_start=load)")
-        for m in reqs:
-            again.replies.append(served.chat(srv.url, m))
-        again.spilled = served.wait_counter_settled(srv.url, SPILL)
-        again.reloaded = served.scrape(srv.url).get(RELOAD, 0.0)
-        runner.stop()
-        phases.append(again)
+        again = l3_phase("after restart", "after restart (cold_start=load)")
         bad = compare(again.replies, reference)
         if bad:
             failures.append(f"after the restart, requests {bad} differ from the reference")
@@ -224,14 +222,8 @@ def run(work: str, *, conversations: int = 3, turns: int = 3, server_timeout: fl
             failures.append("zero storage (L3) hits after the restart")
 
         # ---- negative control: the reloaded KV perturbed on purpose must make the comparison fail
-        srv = runner.start("negative control", l3_args, env={"SGLANG_GLM_EXT_CPU_SERVE_PERTURB_LOADS": "1"})
-        control = Phase("negative control (reloaded KV perturbed)")
-        for m in reqs:
-            control.replies.append(served.chat(srv.url, m))
-        control.spilled = served.wait_counter_settled(srv.url, SPILL)
-        control.reloaded = served.scrape(srv.url).get(RELOAD, 0.0)
-        runner.stop()
-        phases.append(control)
+        control = l3_phase("negative control", "negative control (reloaded KV perturbed)",
+                           env={"SGLANG_GLM_EXT_CPU_SERVE_PERTURB_LOADS": "1"})
         caught = compare(control.replies, reference)
         if not any(r.cached["storage"] for r in control.replies):
             failures.append("negative control: no storage hit, so it tested nothing")

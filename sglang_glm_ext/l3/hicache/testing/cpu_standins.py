@@ -28,17 +28,12 @@ __all__ = ["install", "installed", "uninstall", "StandinRefused", "KVCACHEIO_NAM
 
 _MODULES = ("sglang.srt.mem_cache.pool_host.mla", "sglang.srt.mem_cache.pool_host.dsa",
             "sglang.srt.mem_cache.pool_host.mha")
-# Direct-I/O ops (tensor lists) and the MLA kernel-I/O ops (pointer tables). MHA kernel-I/O ops are not
-# stood in: MHA flows here run with direct I/O.
-KVCACHEIO_NAMES = (
-    "transfer_kv_direct",
-    "transfer_kv_per_layer_direct_pf_lf",
-    "transfer_kv_all_layer_direct_lf_pf",
-    "transfer_kv_per_layer_mla",
-    "transfer_kv_all_layer_mla",
-    "transfer_kv_per_layer_mla_pf_lf",
-    "transfer_kv_all_layer_mla_lf_pf",
-)
+# Direct-I/O ops (tensor lists) and the MLA kernel-I/O ops (pointer tables); the copies themselves are the CPU
+# serving mode's pure core (cpu_serve/kernels.py; the one import this folder makes outside l3/, named in
+# tests/test_layering.py). MHA kernel-I/O ops are not stood in here: MHA flows here run with direct I/O.
+from ....cpu_serve import kernels as _kernels  # noqa: E402
+
+KVCACHEIO_NAMES = _kernels.MLA_KVCACHEIO_NAMES
 UNPINNED_POOLS = (
     ("sglang.srt.mem_cache.pool_host.mla", "MLATokenToKVPoolHost"),
     ("sglang.srt.mem_cache.pool_host.dsa", "DSAIndexerPoolHost"),
@@ -54,11 +49,6 @@ class StandinRefused(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------- the ops
-# The torch copies live in the CPU serving mode's pure core (cpu_serve/kernels.py), which a served run binds too
-# (Tier.CPU_SERVE); the demo binds the same functions. The one import this folder makes outside l3/ (a pure,
-# SGLang-free module; tests/test_layering.py names it).
-from ....cpu_serve import kernels as _kernels  # noqa: E402
-
 _OPS = {name: getattr(_kernels, name) for name in KVCACHEIO_NAMES}
 
 
