@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the project's environment on a fresh clone, CPU-only machine included.
-#   bash scripts/setup_env.sh            -> .venv with torch, sglang 0.5.23 (no deps), its CPU deps, this package
+#   bash scripts/setup_env.sh            -> .venv with torch, sglang 0.5.23 (no deps), its CPU deps, what its HTTP
+#                                           server imports on a CPU, this package
 # Idempotent: re-running only installs what is missing. VENV=path overrides the location.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,8 @@ pip_i() { "$VPY" -m pip install --disable-pip-version-check --no-warn-conflicts 
 # 3. The pure-Python dependencies of the SGLang modules we import, then this package with its test extra.
 #    (--no-warn-conflicts: sglang is installed without its CUDA-only requirements on purpose.)
 pip_i -r requirements/sglang-cpu-deps.txt
+# 4. What SGLang's real HTTP server imports on this CPU (the CPU serving mode, the main job, `-m server` tests).
+pip_i -r requirements/sglang-server-deps.txt
 pip_i -e ".[test]"
 "$VPY" -m sglang_glm_ext.cli doctor --brief || true
 echo "environment ready: $VENV"

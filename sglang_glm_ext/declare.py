@@ -129,6 +129,9 @@ class Tier(str, enum.Enum):
     # Demo/test-only stand-ins (CPU copies of GPU ops): declared so the manifest and contract test cover them, but
     # register() never applies them; only the feature's own guarded installer does, never in a server or by a GPU.
     DEMO = "demo"
+    # CPU serving stand-ins (cpu_serve/): applied by register() only in a process where SGLANG_GLM_EXT_CPU_SERVE=1 and
+    # the mode's own checks passed (no accelerator, no real sgl_kernel); skipped with that reason everywhere else.
+    CPU_SERVE = "cpu_serve"
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ class Patch:
 
     id: str
     target: str  # dotted path of the patched attribute in SGLang
-    hook_type: str  # before | after | around | replace (SGLang HookType values); bind: Tier.DEMO only
+    hook_type: str  # before | after | around | replace (SGLang HookType values); bind: module globals (DEMO, CPU_SERVE)
     hook: str  # "module:function" of our hook
     feature: Feature
     tier: Tier

@@ -118,6 +118,8 @@ def apply_one(patch: Patch, source) -> PatchStatus:
     except Exception as exc:  # our own bug: say so loudly
         status.state, status.detail = State.FAILED, f"hook {patch.hook} not importable: {exc!r}"
         return status
+    if patch.hook_type == "bind":  # --- cpu_serve ---
+        return _apply_bind(patch, hook, status)
     try:
         if hook_in_chain(patch.target, hook):
             status.state, status.detail = State.APPLIED, "already applied"
@@ -130,6 +132,26 @@ def apply_one(patch: Patch, source) -> PatchStatus:
         status.state = State.APPLIED
     else:
         status.state, status.detail = State.FAILED, "target resolved but the hook is not in its live wrapper chain"
+    return status
+
+
+# --- cpu_serve ---
+def _apply_bind(patch: Patch, hook: Callable, status: PatchStatus) -> PatchStatus:
+    """A "bind" patch fills module globals of `patch.target` (`patch.signature`: the names): its hook binds them
+    (`hook(target, names)`), then each name must be bound in the live module."""
+    import importlib
+
+    try:
+        hook(patch.target, patch.signature)
+        module = importlib.import_module(patch.target)
+    except Exception as exc:
+        status.state, status.detail = State.FAILED, f"{type(exc).__name__}: {exc}"
+        return status
+    missing = [n for n in patch.signature if getattr(module, n, None) is None]
+    if missing:
+        status.state, status.detail = State.FAILED, f"still unbound in {patch.target}: {', '.join(missing)}"
+    else:
+        status.state = State.APPLIED
     return status
 
 
@@ -151,11 +173,14 @@ def skip_reason(patch: Patch, installed: str | None, *, forced: bool = False) ->
             f"({', '.join(patch.sglang_versions)})")
 
 
-def apply_all(ledger: Ledger, *, installed: str | None, forced: bool = False, unsupported: str = "") -> Ledger:
+def apply_all(ledger: Ledger, *, installed: str | None, forced: bool = False, unsupported: str = "",
+              cpu_serve_off: str = "Tier.CPU_SERVE is applied only by register() with the CPU serving mode on") -> Ledger:
     """Apply every patch of `ledger` that skip_reason() lets in on `installed`; record each one's state.
 
     `unsupported` is set when the plugin as a whole does not support `installed` (register() passes compat's
     description): a skipped patch then gives that reason, which tells a user more than the patch's own range.
+    `cpu_serve_off`: '' when the CPU serving mode may run in this process (register() asks cpu_serve's gate),
+    else why its Tier.CPU_SERVE patches are skipped.
     """
     from sglang.srt.plugins.hook_registry import HookSource
 
@@ -163,6 +188,9 @@ def apply_all(ledger: Ledger, *, installed: str | None, forced: bool = False, un
     for patch in ledger.patches:
         if patch.tier is Tier.DEMO:  # demo/test-only stand-ins: their feature's guarded installer, never register()
             ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, DEMO_SKIP_DETAIL)
+            continue
+        if patch.tier is Tier.CPU_SERVE and cpu_serve_off:  # --- cpu_serve ---
+            ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, f"CPU serving mode off: {cpu_serve_off}")
             continue
         why = skip_reason(patch, installed, forced=forced)
         if why:

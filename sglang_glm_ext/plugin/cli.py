@@ -1,4 +1,5 @@
-"""`sglang-glm-ext`: doctor, flags, the patch manifest, the L3 tools, and the L3 HiCache demo."""
+"""`sglang-glm-ext`: doctor, flags, the patch manifest, the L3 tools, the L3 HiCache demo, and the CPU serving mode's
+tiny-model generator and served run."""
 
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     from ..l3.hicache.demo import add_demo_subcommand  # the main job: L3 under SGLang's real HiCache on a CPU
 
     add_demo_subcommand(sub)
+    from ..cpu_serve import run as cpu_serve_run, tiny_model  # SGLang's real server on a CPU (cpu_serve/)
+
+    tiny_model.add_subcommand(sub)
+    cpu_serve_run.add_subcommand(sub)
     return parser
 
 

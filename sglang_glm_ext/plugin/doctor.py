@@ -15,7 +15,9 @@ JSON schema (stable; bump SCHEMA on any breaking change, documented in README "d
                          need_pages, usable_pages, fits, limited_by, message}, unknown: [str]},
              l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes, slab_bytes, held_bytes, need_bytes}],
              megamoe: {fp8_sm90: {possible, why}, fp4_sm100: {possible, why},
-                       deep_gemm: {version, imports, error}, retired_env: [str], dg_use_fp4_acts_set: bool}}
+                       deep_gemm: {version, imports, error}, retired_env: [str], dg_use_fp4_acts_set: bool},
+             cpu_serve: {mode, may_run, why_not, standin_reachable, accelerator, real_sgl_kernel,
+                         use_cpu_engine}}                                                  (cpu_serve: added in schema 1)
   l3: {active, [backend_class, hicache_storage_backend, config, extra_config | error,
        state: {deployment_id, cold_start, ack, wait_ms, ranks, require_plp, plp, index: {path, exists,
        entries_for_deployment, entries_total}, slabs: [{rank, path, bytes, slots, page_bytes, namespace}]]}          (added in schema 1)
@@ -189,6 +191,11 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"  L3 path {row['path']}: o_direct={row.get('o_direct')} free={row.get('free_bytes')} "
                      f"budget={row.get('budget_bytes')} held={row.get('held_bytes')} need={row.get('need_bytes')}")
     lines.extend(l3_doctor.render_section(report.get("l3") or {}))
+    cs = h.get("cpu_serve") or {}
+    if cs:  # --- cpu_serve ---
+        lines.append(f"  CPU serving mode (SGLANG_GLM_EXT_CPU_SERVE): {cs['mode']}"
+                     + (f"; may run here, sgl_kernel stand-in reachable: {cs['standin_reachable']}" if cs["may_run"]
+                        else ("; " + cs["why_not"] if cs["mode"] == "on" else "")))
     lines.append("OK" if report["ok"] else "PROBLEMS:\n  - " + "\n  - ".join(report["problems"]))
     return "\n".join(lines)
 

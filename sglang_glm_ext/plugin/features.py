@@ -26,7 +26,18 @@ def why_unavailable(feature: Feature) -> str:
     bad = [s for s in ledger.status.values()
            if s.patch.feature == feature and s.patch.tier is not Tier.DEMO and s.state is not State.APPLIED]
     if bad:
-        return "; ".join(f"patch {s.patch.id} {s.state.value}: {s.detail}" for s in bad)
+        # One reason once: three or more patches skipped for the same reason (the CPU serving tier off) are
+        # named together; otherwise each patch says its own.
+        groups: dict[tuple[str, str], list[str]] = {}
+        for s in bad:
+            groups.setdefault((s.state.value, s.detail), []).append(s.patch.id)
+        parts = []
+        for (state, detail), ids in groups.items():
+            if len(ids) > 2:
+                parts.append(f"{len(ids)} patches ({', '.join(ids[:2])}, ...) {state}: {detail}")
+            else:
+                parts.extend(f"patch {i} {state}: {detail}" for i in ids)
+        return "; ".join(parts)
     return ""
 
 

@@ -10,6 +10,7 @@ import logging
 import sys
 from typing import Sequence
 
+from ..cpu_serve import gate as cpu_serve_gate
 from ..patching.ledger import Ledger, State, apply_all
 from . import __version__, compat, envs
 from .flags import asked_at_launch
@@ -53,7 +54,11 @@ def register(argv: Sequence[str] | None = None) -> Ledger | None:
             status.describe(), ", ".join(compat.SUPPORTED_SGLANG),
         )
     unsupported = "" if status.supported else f"{status.describe()}; supported: {', '.join(compat.SUPPORTED_SGLANG)}"
-    ledger = apply_all(Ledger(PATCHES), installed=status.installed, forced=status.forced, unsupported=unsupported)
+    # CPU serving mode: the sgl_kernel stand-in's directory goes on sys.path (inherited by spawned schedulers) only
+    # when SGLANG_GLM_EXT_CPU_SERVE=1 and no accelerator / real sgl_kernel is here; '' = its patches go in.
+    cpu_serve_off = cpu_serve_gate.activate() if status.patches_allowed else status.describe()
+    ledger = apply_all(Ledger(PATCHES), installed=status.installed, forced=status.forced, unsupported=unsupported,
+                       cpu_serve_off=cpu_serve_off)
     _LEDGER = ledger
     applied = sum(s.state is State.APPLIED for s in ledger.status.values())
     failed = ledger.failed()

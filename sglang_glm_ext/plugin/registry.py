@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..cpu_serve import doctor as cpu_serve_doctor, feature as cpu_serve, patches as cpu_serve_patches
 from ..cuda_graph_mem import feature as cuda_graph_mem, patches as cuda_graph_mem_patches
 from ..declare import DoctorInput, DoctorPart, EnvVar, Feature, Flag, Patch
 from ..hostmem import doctor as hostmem_doctor, feature as hostmem, patches as hostmem_patches
@@ -27,6 +28,7 @@ ROWS: tuple[tuple[Feature, tuple[Patch, ...]], ...] = (
     (hostmem.FEATURE, hostmem_patches.PATCHES),
     (hostmem.HUGEPAGES, hostmem_patches.HUGEPAGES_PATCHES),
     (megamoe.FEATURE, megamoe_patches.PATCHES),
+    (cpu_serve.FEATURE, cpu_serve_patches.PATCHES),
 )
 
 # One entry per folder that adds to doctor's report (GPU listing is plugin-wide: plugin/doctor.py).
@@ -34,6 +36,7 @@ DOCTOR_PARTS: tuple[Callable[[DoctorInput], DoctorPart], ...] = (
     megamoe_doctor.report,
     hostmem_doctor.report,
     l3_doctor.report,
+    cpu_serve_doctor.report,
 )
 
 FEATURES: tuple[Feature, ...] = tuple(f for f, _ in ROWS)

@@ -22,7 +22,8 @@ def test_every_declaration_is_complete():
             assert getattr(p, field).strip(), f"{p.id}: empty {field}"
         assert p.feature.name.strip(), f"{p.id}: empty feature"  # a Feature record now, not its name
         assert p.sglang_versions, p.id
-        # "bind" (fill a module global SGLang leaves unbound on a CPU) exists only for demo/test stand-ins.
+        # "bind" (fill a module global SGLang leaves unbound on a CPU) exists only for the CPU stand-ins (demo/test
+        # and the CPU serving mode's).
         assert p.hook_type in ("before", "after", "around", "replace") or (
-            p.hook_type == "bind" and p.tier.value == "demo"), p.id
+            p.hook_type == "bind" and p.tier.value in ("demo", "cpu_serve")), p.id
         p.resolve_hook()  # the hook function exists

@@ -31,16 +31,18 @@ def test_json_reports_supported_sglang_and_every_patch_applied(report):
                                 "forced": False}
     assert report["plugin"]["entry_point"] is True and report["plugin"]["loaded_via"] == "load_plugins()"
     assert [p["id"] for p in report["patches"]] == [p.id for p in PATCHES]
-    # Demo-tier patches (CPU stand-ins) are never applied by register(); everything else is.
-    assert {p["state"] for p in report["patches"] if p["tier"] != "demo"} == {"applied"}
-    assert {p["state"] for p in report["patches"] if p["tier"] == "demo"} == {"skipped"}
+    # Demo-tier patches (CPU stand-ins) are never applied by register(); the CPU serving stand-ins only with
+    # SGLANG_GLM_EXT_CPU_SERVE=1 (tests/cpu_serve/); everything else is.
+    assert {p["state"] for p in report["patches"] if p["tier"] not in ("demo", "cpu_serve")} == {"applied"}
+    assert {p["state"] for p in report["patches"] if p["tier"] in ("demo", "cpu_serve")} == {"skipped"}
 
 
 def test_json_schema_keys_are_stable(report):
     assert set(report) == {"schema", "ok", "problems", "plugin", "sglang", "versions", "patches", "features",
                            "hardware", "l3"}
     assert report["l3"] == {"active": False}
-    assert set(report["hardware"]) == {"cuda_available", "gpus", "fp4_megamoe", "hugepages", "l3_paths", "megamoe"}
+    assert set(report["hardware"]) == {"cuda_available", "gpus", "fp4_megamoe", "hugepages", "l3_paths", "megamoe",
+                                       "cpu_serve"}
     for f in report["features"]:
         assert set(f) == {"name", "title", "active", "available", "why_unavailable"}
     assert report["hardware"]["fp4_megamoe"]["possible"] is False  # no GPU here: the reason says so

@@ -8,7 +8,9 @@ never applies; only :func:`install` does, and it refuses where it could touch se
   (set by ``prepare_server_args`` for the CLI and by ``Engine(...)``), or the plugin's server-args hook has
   already seen a launch. The same hook refuses a launch in a process where the stand-ins are installed.
 
-What they are (``../../../../shared/research/hicache_cpu.md``): 0.5.23's host pools import the kvcacheio ops only
+The copy functions themselves are the CPU serving mode's (``sglang_glm_ext/cpu_serve/kernels.py``, tested there
+against references); this module is only the demo's guarded installer of them. What they are
+(``../../../../shared/research/hicache_cpu.md``): 0.5.23's host pools import the kvcacheio ops only
 under ``if _is_cuda or _is_hip`` / ``elif _is_xpu``, so on a CPU the names are unbound and any D2H/H2D raises
 NameError. :func:`install` binds pure-torch / numpy copies with the same keyword signatures into
 ``sglang.srt.mem_cache.pool_host.{mla,dsa,mha}`` (only names that are not bound), and wraps the host pools'
@@ -18,28 +20,20 @@ page-aligned index lists; they do NOT validate the CUDA kernels (a GPU job does)
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import threading
-
-import numpy as np
 
 __all__ = ["install", "installed", "uninstall", "StandinRefused", "KVCACHEIO_NAMES", "UNPINNED_POOLS",
            "refusal_reason"]
 
 _MODULES = ("sglang.srt.mem_cache.pool_host.mla", "sglang.srt.mem_cache.pool_host.dsa",
             "sglang.srt.mem_cache.pool_host.mha")
-# Direct-I/O ops (tensor lists) and the MLA kernel-I/O ops (pointer tables). MHA kernel-I/O ops are not
-# stood in: MHA flows here run with direct I/O.
-KVCACHEIO_NAMES = (
-    "transfer_kv_direct",
-    "transfer_kv_per_layer_direct_pf_lf",
-    "transfer_kv_all_layer_direct_lf_pf",
-    "transfer_kv_per_layer_mla",
-    "transfer_kv_all_layer_mla",
-    "transfer_kv_per_layer_mla_pf_lf",
-    "transfer_kv_all_layer_mla_lf_pf",
-)
+# Direct-I/O ops (tensor lists) and the MLA kernel-I/O ops (pointer tables); the copies themselves are the CPU
+# serving mode's pure core (cpu_serve/kernels.py; the one import this folder makes outside l3/, named in
+# tests/test_layering.py). MHA kernel-I/O ops are not stood in here: MHA flows here run with direct I/O.
+from ....cpu_serve import kernels as _kernels  # noqa: E402
+
+KVCACHEIO_NAMES = _kernels.MLA_KVCACHEIO_NAMES
 UNPINNED_POOLS = (
     ("sglang.srt.mem_cache.pool_host.mla", "MLATokenToKVPoolHost"),
     ("sglang.srt.mem_cache.pool_host.dsa", "DSAIndexerPoolHost"),
@@ -55,96 +49,7 @@ class StandinRefused(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------- the ops
-def _flat_rows(t):
-    """(rows, elements-per-row) view of a contiguous tensor whose first dim indexes rows."""
-    return t.reshape(t.shape[0], -1)
-
-
-def transfer_kv_direct(src_layers, dst_layers, src_indices, dst_indices, page_size):
-    for src, dst in zip(src_layers, dst_layers, strict=True):
-        _flat_rows(dst)[dst_indices.long()] = _flat_rows(src)[src_indices.long()]
-
-
-def _paged_view(t):
-    """(pages, layers, page_size, row) view of a page_first_direct host buffer ``(pages, L, ps, ...)``."""
-    return t.reshape(t.shape[0], t.shape[1], t.shape[2], -1)
-
-
-def transfer_kv_per_layer_direct_pf_lf(src_ptrs, dst_ptrs, src_indices, dst_indices, layer_id, page_size):
-    h = src_indices.long()
-    d = dst_indices.long()
-    for src, dst in zip(src_ptrs, dst_ptrs, strict=True):
-        view = _paged_view(src)
-        _flat_rows(dst)[d] = view[h // page_size, layer_id, h % page_size]
-
-
-def transfer_kv_all_layer_direct_lf_pf(src_ptrs, dst_ptrs, src_indices, dst_indices, page_size):
-    d = src_indices.long()
-    h = dst_indices.long()
-    per = len(src_ptrs) // len(dst_ptrs)
-    if per * len(dst_ptrs) != len(src_ptrs):
-        raise ValueError(f"{len(src_ptrs)} device layers do not split over {len(dst_ptrs)} host buffers")
-    for c, dst in enumerate(dst_ptrs):
-        view = _paged_view(dst)
-        for layer in range(per):
-            view[h // page_size, layer, h % page_size] = _flat_rows(src_ptrs[c * per + layer])[d]
-
-
-def _addr_rows(address: int, rows: int, row_bytes: int, stride: int) -> np.ndarray:
-    """``rows`` x ``row_bytes`` uint8 view of raw memory at ``address`` with a byte ``stride`` between rows."""
-    extent = (rows - 1) * stride + row_bytes
-    flat = np.ctypeslib.as_array((ctypes.c_uint8 * extent).from_address(int(address)))
-    return np.lib.stride_tricks.as_strided(flat, shape=(rows, row_bytes), strides=(stride, 1))
-
-
-def _np_index(t):
-    return t.detach().cpu().numpy().astype(np.int64, copy=False)
-
-
-def _tensor_rows(t, row_bytes: int) -> np.ndarray:
-    """Writable uint8 (rows, row_bytes) view of a contiguous CPU tensor (a copy would lose the writes)."""
-    import torch
-
-    if not t.is_contiguous():
-        raise ValueError("kvcacheio stand-in needs a contiguous tensor")
-    return t.view(-1).view(torch.uint8).numpy().reshape(-1, row_bytes)
-
-
-def transfer_kv_per_layer_mla(src, dst, src_indices, dst_indices, item_size):
-    s, d = _np_index(src_indices), _np_index(dst_indices)
-    _tensor_rows(dst, item_size)[d] = _tensor_rows(src, item_size)[s]
-
-
-def transfer_kv_all_layer_mla(src_layers, dst_layers, src_indices, dst_indices, item_size, num_layers):
-    s, d = _np_index(src_indices), _np_index(dst_indices)
-    if not len(s):
-        return
-    for layer in range(num_layers):
-        src = _addr_rows(int(src_layers[layer]), int(s.max()) + 1, item_size, item_size)
-        dst = _addr_rows(int(dst_layers[layer]), int(d.max()) + 1, item_size, item_size)
-        dst[d] = src[s]
-
-
-def transfer_kv_per_layer_mla_pf_lf(src, dst, src_indices, dst_indices, layer_id, item_size, src_layout_dim):
-    s, d = _np_index(src_indices), _np_index(dst_indices)
-    if not len(s):
-        return
-    host = _addr_rows(src.data_ptr() + layer_id * item_size, int(s.max()) + 1, item_size, src_layout_dim)
-    _tensor_rows(dst, item_size)[d] = host[s]
-
-
-def transfer_kv_all_layer_mla_lf_pf(src_layers, dst, src_indices, dst_indices, item_size, dst_layout_dim,
-                                    num_layers):
-    s, d = _np_index(src_indices), _np_index(dst_indices)
-    if not len(s):
-        return
-    for layer in range(num_layers):
-        src = _addr_rows(int(src_layers[layer]), int(s.max()) + 1, item_size, item_size)
-        host = _addr_rows(dst.data_ptr() + layer * item_size, int(d.max()) + 1, item_size, dst_layout_dim)
-        host[d] = src[s]
-
-
-_OPS = {name: globals()[name] for name in KVCACHEIO_NAMES}
+_OPS = {name: getattr(_kernels, name) for name in KVCACHEIO_NAMES}
 
 
 # ---------------------------------------------------------------------------------------------- guard

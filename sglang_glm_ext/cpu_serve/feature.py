@@ -1,0 +1,53 @@
+"""cpu_serve as users see it: ``SGLANG_GLM_EXT_CPU_SERVE=1`` serves SGLang's real server on a machine without an
+accelerator (``--device cpu`` with ``SGLANG_USE_CPU_ENGINE=1``); refused, with one line, anywhere else."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..declare import EnvVar, Feature, PluginFlagError
+
+USE_CPU_ENGINE = "SGLANG_USE_CPU_ENGINE"  # SGLang's own switch (utils/common.py is_cpu())
+CPU_SERVE = EnvVar(
+    "SGLANG_GLM_EXT_CPU_SERVE", "0",
+    "1 = serve on a CPU-only machine (--device cpu, SGLANG_USE_CPU_ENGINE=1): an sgl_kernel stand-in, pageable host "
+    "pools and torch copies for HiCache, GLM-5's indexer K cache and MLA dispatch (docs_internal/cpu_serve.md). "
+    "Refused where an accelerator or a real sgl_kernel is present.",
+)
+
+PERTURB_LOADS = EnvVar(
+    "SGLANG_GLM_EXT_CPU_SERVE_PERTURB_LOADS", "0",
+    "TEST-ONLY negative control of the CPU serving mode: 1 = every host->device KV load (HiCache L2/L3 hits) is "
+    "written back negated and scaled, so a comparison of outputs must fail. Never set it to serve.",
+)
+
+
+def validate(values: Mapping[str, Any]) -> None:
+    """With the mode on: refuse (one line) where it cannot run; the --device check needs the record (hooks.py)."""
+    try:
+        on = CPU_SERVE.get_bool()
+    except ValueError as exc:
+        raise PluginFlagError(str(exc)) from None
+    if not on:
+        return
+    from .gate import refusal_reason
+
+    why = refusal_reason()
+    if why:
+        raise PluginFlagError(f"{CPU_SERVE.name}=1 refused: {why}")
+
+
+def _active(_server_args: Any) -> bool:
+    """Switched on by its env var (read here, as every SGLang process does); `device` is what doctor may be given
+    (`doctor --device cpu`) to check the launch's --device too."""
+    try:
+        return CPU_SERVE.get_bool()
+    except ValueError:
+        return False
+
+
+FEATURE = Feature(
+    "cpu_serve", "SGLang's real server on a CPU-only machine (tiny GLM models, HiCache + L3): stand-ins for what "
+    "0.5.23 lacks there", "-",
+    env=(CPU_SERVE, PERTURB_LOADS), validate=validate, active_when=_active, sglang_args=("device",),
+)

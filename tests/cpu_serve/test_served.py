@@ -1,0 +1,69 @@
+"""served.py without SGLang: the server's whole process group is stopped (children included), a dead or slow
+server fails wait_ready with its log instead of hanging, and the metrics / percentile helpers."""
+
+import os
+import sys
+import time
+
+import pytest
+
+from sglang_glm_ext.cpu_serve import served
+
+CHILD = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']);"
+         " print(p.pid, flush=True); time.sleep(300)")
+
+
+class FakeServer(served.Server):
+    def __init__(self, code, log):
+        super().__init__("unused", log)
+        self.code = code
+
+    def command(self):
+        return [sys.executable, "-c", self.code]
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_stop_and_kill_end_the_whole_process_group(tmp_path, how):
+    log = str(tmp_path / "s.log")
+    srv = FakeServer(CHILD, log).start()
+    for _ in range(100):
+        text = open(log).read().strip()
+        if text:
+            break
+        time.sleep(0.1)
+    child = int(text.split()[0])
+    assert srv.alive() and _alive(child)
+    getattr(srv, how)()
+    assert not srv.alive() and not _alive(child)
+    getattr(srv, how)()  # idempotent
+
+
+def test_wait_ready_fails_with_the_log_when_the_server_dies_or_is_slow(tmp_path):
+    srv = FakeServer("import sys; print('boom: bad flag'); sys.exit(3)", str(tmp_path / "a.log")).start()
+    with pytest.raises(served.ServerError, match="(?s)exited .*code 3.*boom: bad flag"):
+        srv.wait_ready(60)
+    srv = FakeServer("import time; time.sleep(60)", str(tmp_path / "b.log")).start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(served.ServerError, match="not ready after 2 s"):
+            srv.wait_ready(2)
+        assert time.monotonic() - t0 < 10
+    finally:
+        srv.stop()
+
+
+def test_parse_metrics_sums_labels_and_skips_buckets():
+    text = ('# HELP x y\nsglang:cp_l3_spill_pages_total{rank="0"} 3.0\nsglang:cp_l3_spill_pages_total{rank="1"} 2\n'
+            'sglang:ttft_bucket{le="1"} 9\nsglang:ttft_sum 1.5\n')
+    assert served.parse_metrics(text) == {"sglang:cp_l3_spill_pages_total": 5.0, "sglang:ttft_sum": 1.5}
+    assert served.median([3, 1, 2]) == 2 and served.median([1, 2, 3, 4]) == 2.5
+    assert served.percentile([1, 2, 3, 4, 5], 0.9) == pytest.approx(4.6)

@@ -1,0 +1,67 @@
+"""`sglang-glm-ext tiny-model`: a model directory SGLang accepts, without a hub."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sglang_glm_ext.cpu_serve import tiny_model
+
+
+@pytest.mark.parametrize("arch,cls", [("glm5", "GlmMoeDsaForCausalLM"), ("glm4_moe", "Glm4MoeForCausalLM")])
+def test_cli_writes_config_tokenizer_and_chat_template(tmp_path, arch, cls):
+    d = tmp_path / arch
+    proc = subprocess.run([sys.executable, "-m", "sglang_glm_ext.cli", "tiny-model", "--arch", arch, str(d)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["architectures"] == [cls] and cfg["vocab_size"] == tiny_model.VOCAB_SIZE
+    assert (d / "chat_template.jinja").is_file() and (d / tiny_model.MARKER).is_file()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(d))
+    assert len(tok) == cfg["vocab_size"]  # every id a random model emits decodes
+    ids = tok.apply_chat_template([{"role": "system", "content": "héllo"}, {"role": "user", "content": "hi"}],
+                                  add_generation_prompt=True, tokenize=True)
+    ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    text = tok.decode(ids)
+    assert text == "[gMASK]<sop><|system|>\nhéllo<|user|>\nhi<|assistant|>\n"
+    assert tok.eos_token_id == cfg["eos_token_id"]
+    tok.decode(list(range(cfg["vocab_size"])))
+
+
+def test_sglangs_model_config_accepts_the_glm5_directory(tmp_path):
+    d = tmp_path / "m"
+    tiny_model.write("glm5", str(d))
+    from sglang.srt.configs.model_config import is_glm_moe_dsa
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(str(d))
+    assert is_glm_moe_dsa(hf)
+    assert hf.index_head_dim == 128 and hf.kv_lora_rank == 64 and hf.num_nextn_predict_layers == 0
+
+
+def test_bad_arguments_are_clear_errors(tmp_path):
+    with pytest.raises(tiny_model.TinyModelError, match="unknown --arch"):
+        tiny_model.config("glm9")
+    with pytest.raises(tiny_model.TinyModelError, match="multiple of 32"):
+        tiny_model.config("glm5", hidden=100)
+    with pytest.raises(tiny_model.TinyModelError, match="at least 2"):
+        tiny_model.config("glm4_moe", layers=1)
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "keep.txt").write_text("mine")
+    with pytest.raises(tiny_model.TinyModelError, match="not empty"):
+        tiny_model.write("glm5", str(tmp_path / "x"))
+    proc = subprocess.run([sys.executable, "-m", "sglang_glm_ext.cli", "tiny-model", "--arch", "glm5",
+                           str(tmp_path / "x")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "not empty" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_plain_dummy_removes_the_marker(tmp_path):
+    d = str(tmp_path / "m")
+    tiny_model.write("glm5", d, seed=3)
+    assert tiny_model.scaled_dummy_seed(d) == 3
+    tiny_model.write("glm5", d, force=True, scaled_dummy=False)
+    assert tiny_model.scaled_dummy_seed(d) is None
+    assert tiny_model.scaled_dummy_seed(None) is None
