@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import __version__
 
@@ -181,17 +182,25 @@ def subcommand_parsers(parser: argparse.ArgumentParser) -> list[argparse.Argumen
     return out
 
 
-def quiet_sglang() -> None:
-    """Hide what SGLang prints about itself on this node when its modules are imported (UserWarnings that AWQ,
-    GGUF and Triton need CUDA, "Cannot detect CUDA architecture", ...): the plugin's commands report on their
-    own, and those lines came before every doctor and demo run. Its errors still show; -v shows everything."""
-    warnings.filterwarnings("ignore", module=r"sglang(\.|$)")
-    logging.getLogger("sglang").setLevel(logging.ERROR)
+@contextlib.contextmanager
+def quiet_sglang() -> Iterator[None]:
+    """While a command runs, hide what SGLang prints about itself on this node when its modules are imported
+    (UserWarnings that AWQ, GGUF and Triton need CUDA, "Cannot detect CUDA architecture", ...): the plugin's
+    commands report on their own, and those lines came before every doctor and demo run. SGLang's errors still
+    show; -v shows everything. Restored afterwards, so `main()` called in a process leaves its logging as it was."""
+    logger = logging.getLogger("sglang")
+    level = logger.level
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=r"sglang(\.|$)")
+        logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            logger.setLevel(level)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "verbose", 0):
-        quiet_sglang()
-    return int(args.func(args) or 0)
+    with contextlib.nullcontext() if getattr(args, "verbose", 0) else quiet_sglang():
+        return int(args.func(args) or 0)

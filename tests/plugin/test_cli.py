@@ -113,3 +113,12 @@ def test_sglangs_import_warnings_are_hidden_unless_verbose():
     loud = cli("-v", "doctor", "--brief")
     assert loud.stdout.splitlines()[0] == quiet.stdout.splitlines()[0]
     assert "Cannot detect CUDA architecture" in loud.stderr and "UserWarning" in loud.stderr, loud.stderr[-2000:]
+
+
+def test_main_in_a_process_leaves_its_logging_and_warnings_as_they_were(tmp_path, capsys):
+    import logging
+    import warnings
+
+    before = (logging.getLogger("sglang").level, list(warnings.filters))
+    assert main(["flags"]) == 0
+    assert (logging.getLogger("sglang").level, list(warnings.filters)) == before
