@@ -88,6 +88,8 @@ class Feature:
     active_when: Callable[[Any], bool] | None = field(default=None, compare=False)
     # The ServerArgs attributes `active_when` reads; doctor accepts each as an option (`--moe-a2a-backend`).
     sglang_args: tuple[str, ...] = ()
+    # True: the feature does nothing without a CUDA GPU (doctor shows it unavailable on a node with none).
+    needs_cuda_gpu: bool = False
 
     def switched_on(self, values: Mapping[str, Any], server_args: Any = None) -> bool:
         """Whether these plugin flag values (env vars folded in here), or SGLang's own arguments `server_args`
@@ -158,6 +160,21 @@ class Patch:
         return getattr(importlib.import_module(module), name)
 
 
+class Problem(str):
+    """One doctor problem: its text (a str, so doctor's `problems` stays a list of strings) and `fix`, one line
+    saying what to do about it. A folder's doctor part returns these; a plain str gets its part's `fix`."""
+
+    fix: str
+
+    def __new__(cls, text: str, fix: str = "") -> "Problem":
+        self = super().__new__(cls, text)
+        self.fix = fix
+        return self
+
+    def __reduce__(self):
+        return (Problem, (str(self), self.fix))
+
+
 @dataclass(frozen=True)
 class DoctorInput:
     """What doctor hands every folder's `doctor.report()`: the plugin-wide facts, gathered once."""
@@ -167,7 +184,9 @@ class DoctorInput:
     versions: Mapping[str, str | None]  # python, sglang, torch, deep_gemm, flashinfer
     # SGLang-side values of the launch being checked, given to doctor on its command line (not plugin flags):
     # "hicache_size" (GB per rank, --hicache-size), "ranks_per_node" (--ranks-per-node), and each Feature's
-    # sglang_args ("moe_a2a_backend" from --moe-a2a-backend, ...). Absent when not given.
+    # sglang_args ("moe_a2a_backend" from --moe-a2a-backend, ...). Absent when not given. Given a launch's whole
+    # command line (`doctor -- python -m sglang.launch_server ...`), every SGLang argument as SGLang's parser read
+    # it (defaults included), "ranks_per_node" from tp*pp*dp / nnodes, and "ranks_source" saying so.
     launch: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -175,8 +194,13 @@ class DoctorInput:
 class DoctorPart:
     """One folder's part of the doctor report: keys merged into "hardware", and problems (non-empty: exit 1).
     ``sections``: top-level keys of the report this folder owns (e.g. "l3"); additions to doctor's schema 1,
-    never one of its fixed keys."""
+    never one of its fixed keys. Each problem is a `Problem` with its own fix, or a plain str whose fix is
+    ``fix`` (the part's fix for what it finds). ``unavailable``: {feature name: why} for features this node
+    cannot serve (no kernel for its GPUs, ...); doctor shows them unavailable, and the part itself reports the
+    problem when the launch being checked switches one on (it knows that fix)."""
 
     hardware: Mapping[str, Any]
     problems: tuple[str, ...] = ()
     sections: Mapping[str, Any] = field(default_factory=dict)
+    fix: str = ""
+    unavailable: Mapping[str, str] = field(default_factory=dict)

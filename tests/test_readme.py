@@ -1,7 +1,11 @@
-"""The README's flag table is the generated one, and .ci/run runs the README's test command."""
+"""The README's flag table is the generated one, .ci/run runs the README's test command, every plugin command the
+README shows parses, its doctor launch lines are launches doctor reads, and the wheel its install section builds
+carries the plugin."""
 
 import pathlib
 import re
+
+import pytest
 
 from sglang_glm_ext.plugin.docs import flags_table
 
@@ -20,3 +24,108 @@ def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "```bash\nbash scripts/test.sh\n```" in readme
     assert re.search(r"^bash scripts/test\.sh\b", ci, re.M)
+
+
+# ---- the commands the README shows ----
+
+def _bash_blocks(text: str) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", text, re.S)
+
+
+def _readme_commands(program: str) -> list[list[str]]:
+    """Each command line of the README's bash blocks that runs `program`, as argv (comment dropped, `[...]`
+    optional groups taken as given)."""
+    import shlex
+
+    out = []
+    for block in _bash_blocks((ROOT / "README.md").read_text()):
+        for line in block.splitlines():
+            if line.split(maxsplit=1)[:1] != [program]:
+                continue
+            words = shlex.split(re.split(r"\s#\s", line)[0].replace("[", " ").replace("]", " "))
+            out.append(words[1:])
+    return out
+
+
+def test_every_plugin_command_in_the_readme_parses():
+    """A documented `sglang-glm-ext ...` line the CLI would reject (a renamed option, a dropped subcommand) fails."""
+    from sglang_glm_ext.plugin.cli import build_parser
+
+    commands = _readme_commands("sglang-glm-ext")
+    assert len(commands) >= 10
+    used = set()
+    for argv in commands:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as exc:
+            if argv == ["--version"] and exc.code == 0:
+                continue
+            raise AssertionError(f"README: `sglang-glm-ext {' '.join(argv)}` does not parse") from None
+        used.add(args.command)
+    assert {"doctor", "l3", "demo"} <= used
+
+
+def test_readme_doctor_launch_lines_are_launches_doctor_reads():
+    from sglang_glm_ext.plugin.cli import build_parser
+    from sglang_glm_ext.plugin.launch import ENTRIES, split_command
+
+    lines = [a for a in _readme_commands("sglang-glm-ext") if a[:1] == ["doctor"] and "--" in a]
+    assert len(lines) >= 2
+    entries = set()
+    for argv in lines:
+        words = build_parser().parse_args(argv).launch_line
+        entries.add(split_command(words).entry)
+    assert entries == set(ENTRIES)  # both ways SGLang is started are shown
+
+
+def test_readme_says_where_torch_extensions_go_as_the_scripts_do():
+    readme = (ROOT / "README.md").read_text()
+    assert "export TORCH_EXTENSIONS_DIR=$PWD/.torch_extensions" in readme
+    for script in ("main.sh", "test.sh"):
+        text = (ROOT / "scripts" / script).read_text()
+        assert 'TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.torch_extensions}"' in text, script
+    assert ".torch_extensions/" in (ROOT / ".gitignore").read_text()
+
+
+@pytest.mark.slow
+def test_the_wheel_the_readme_installs_builds_and_carries_the_plugin(tmp_path):
+    """README "Install on a GPU node": `pip wheel --no-deps` of a checkout gives one pure-Python wheel with every
+    module, the `sglang.srt.plugins` entry point and the console script; installed, it is what Python loads."""
+    import subprocess
+    import sys
+    import zipfile
+
+    install = next(b for b in _bash_blocks((ROOT / "README.md").read_text()) if "pip wheel --no-deps" in b)
+    assert "pip install dist/sglang_glm_ext-" in install
+    # a copy of the tracked files: what a fresh checkout holds, and no build/ left in this one
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    src = tmp_path / "checkout"
+    for name in filter(None, (f.decode() for f in files)):
+        dest = src / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if (ROOT / name).is_file():
+            dest.write_bytes((ROOT / name).read_bytes())
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(src),
+                    "-w", str(dist)], check=True, capture_output=True, timeout=600)
+    from sglang_glm_ext.plugin import __version__
+
+    (wheel,) = dist.glob("*.whl")
+    assert wheel.name == f"sglang_glm_ext-{__version__}-py3-none-any.whl"  # the name the README installs
+    names = set(zipfile.ZipFile(wheel).namelist())
+    modules = {str(p.relative_to(src)) for p in (src / "sglang_glm_ext").rglob("*.py")}
+    assert modules and modules <= names, sorted(modules - names)
+    eps = zipfile.ZipFile(wheel).read(f"sglang_glm_ext-{__version__}.dist-info/entry_points.txt").decode()
+    assert "[sglang.srt.plugins]\nglm_ext = sglang_glm_ext:register" in eps
+    assert "[console_scripts]\nsglang-glm-ext = sglang_glm_ext.cli:main" in eps
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, timeout=600)
+    code = ("import importlib.metadata as m, sglang_glm_ext, sglang_glm_ext.plugin.cli as c;"
+            "ep = next(e for e in m.entry_points(group='sglang.srt.plugins') if e.name == 'glm_ext');"
+            "print(sglang_glm_ext.__file__); print(ep.value); c.main(['--version'])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"}, timeout=300)
+    out = proc.stdout.splitlines()
+    assert out[0].startswith(str(target)) and out[1] == "sglang_glm_ext:register", proc.stdout + proc.stderr
+    assert out[2] == f"sglang-glm-ext {__version__}"

@@ -267,8 +267,9 @@ def add_subcommand(sub) -> None:
     inner = p.add_subparsers(dest="cpu_serve_command", required=True)
     r = inner.add_parser("run", help="serve a tiny GLM-5 with HiCache + L3, restart, replay, compare, fsck")
     r.add_argument("--dir", required=True, help="work directory (model, L3 config and disk, server logs)")
-    r.add_argument("--conversations", type=int, default=3)
-    r.add_argument("--turns", type=int, default=3)
+    r.add_argument("--conversations", type=int, default=3,
+                   help="multi-turn conversations in the workload (they share one system prompt)")
+    r.add_argument("--turns", type=int, default=3, help="user turns per conversation")
     r.add_argument("--server-timeout", type=float, default=420.0, help="seconds a server may take to be ready")
     r.set_defaults(func=lambda a: run(a.dir, conversations=a.conversations, turns=a.turns,
                                       server_timeout=a.server_timeout, log=lambda s: print(s, flush=True)))

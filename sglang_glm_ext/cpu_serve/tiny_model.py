@@ -165,9 +165,9 @@ def add_subcommand(sub) -> None:
     p.add_argument("--arch", choices=ARCHES, required=True,
                    help="glm4_moe: Glm4MoeForCausalLM (MHA); glm5: GlmMoeDsaForCausalLM (MLA + DSA indexer)")
     p.add_argument("dir", help="the model directory to write")
-    p.add_argument("--hidden", type=int, default=None, help="hidden size (default 64 glm4_moe, 128 glm5)")
-    p.add_argument("--layers", type=int, default=2, help="decoder layers (default 2: one dense, one MoE)")
-    p.add_argument("--experts", type=int, default=4, help="routed experts (top-2; default 4)")
+    p.add_argument("--hidden", type=int, default=None, help="hidden size (64 for glm4_moe, 128 for glm5 when not given)")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers (2: one dense, one MoE)")
+    p.add_argument("--experts", type=int, default=4, help="routed experts (top-2)")
     p.add_argument("--force", action="store_true", help="write into a non-empty directory")
     p.add_argument("--plain-dummy", action="store_true",
                    help="leave SGLang's own dummy weights (uniform +-1e-3, one seed): the output then does not depend "

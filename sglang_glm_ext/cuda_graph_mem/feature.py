@@ -17,5 +17,5 @@ LOG_CUDA_GRAPH_BUFFERS = Flag(
 
 FEATURE = Feature(
     "cg_mem", "CUDA-graph static-buffer and graph-pool memory attribution", "152-162",
-    flags=(LOG_CUDA_GRAPH_BUFFERS,), env=(LOG_CG_BUFFERS,),
+    flags=(LOG_CUDA_GRAPH_BUFFERS,), env=(LOG_CG_BUFFERS,), needs_cuda_gpu=True,
 )

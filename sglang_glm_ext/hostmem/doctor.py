@@ -5,28 +5,56 @@
 NUMA node), `selected` (SGLANG_HUGEPAGE_SIZE as the launch will read it), `cgroup_limits`, `fit` and `unknown`.
 A figure the kernel does not give (missing or odd file) is null and named in `unknown`; nothing here raises on
 what sysfs contains. The launch being checked reaches it through `DoctorInput.launch` (`hicache_size`,
-`ranks_per_node`: doctor's `--hicache-size` / `--ranks-per-node`).
+`ranks_per_node`: doctor's `--hicache-size` / `--ranks-per-node`; from a launch line, its own --hicache-size,
+tp*pp*dp / nnodes, --enable-hierarchical-cache and --hicache-storage-backend, whose allocator may ignore hugepages).
+Every problem is a `Problem` with its fix (the reserve command, the size to set).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..declare import DoctorInput, DoctorPart
+from ..declare import DoctorInput, DoctorPart, Problem
 from . import hugepages as hp
+from .feature import HUGEPAGE_FALLBACK
 
 
 def report(inp: DoctorInput) -> DoctorPart:
     ranks = inp.launch.get("ranks_per_node")
     if ranks:
-        source = "--ranks-per-node"
+        source = inp.launch.get("ranks_source", "--ranks-per-node")
     elif inp.gpus:
         ranks, source = len(inp.gpus), "one per visible GPU"
     else:
         ranks, source = 1, "default; pass --ranks-per-node"
-    info, problems = hugepages("/", selected_raw=selected_size(), hicache_size=inp.launch.get("hicache_size"),
+    # A launch line without --enable-hierarchical-cache has no host KV pool to size (SGLang reads the size then).
+    hicache = inp.launch.get("enable_hierarchical_cache", True)
+    info, problems = hugepages("/", selected_raw=selected_size(),
+                               hicache_size=inp.launch.get("hicache_size") if hicache else None,
                                ranks_per_node=ranks, ranks_source=source)
+    if hicache and (info.get("selected") or {}).get("size_kb"):
+        problems.extend(allocator_problems(inp.launch))
     return DoctorPart({"hugepages": info}, tuple(problems))
+
+
+def allocator_problems(launch) -> list[Problem]:
+    """A launch's host-pool allocator that ignores SGLANG_HUGEPAGE_SIZE: the launch check refuses it
+    (hugepages_hooks.plan_launch), unless the fallback is allowed."""
+    from . import hugepages_hooks as hh
+
+    if "hicache_storage_backend" not in launch:
+        return []
+    kind = hh._allocator_kind(launch.get("hicache_storage_backend"), launch.get("hicache_storage_backend_extra_config"))
+    why = hh._why_not_hugepage_backed(kind)
+    try:
+        fallback = HUGEPAGE_FALLBACK.get_bool()
+    except ValueError:  # an odd value: the launch check refuses it, and so does the allocator's answer here
+        fallback = False
+    if not why or fallback:
+        return []
+    return [Problem(f"hugepages: SGLANG_HUGEPAGE_SIZE is set, but {why}; the launch stops",
+                    fix="unset SGLANG_HUGEPAGE_SIZE, or use a storage backend whose host pool comes from SGLang's "
+                        f"default allocator, or {HUGEPAGE_FALLBACK.name}=1 to serve from ordinary pages")]
 
 
 def selected_size() -> str | None:
@@ -78,11 +106,15 @@ def hugepages(root: str = "/", *, selected_raw: str | None = None, hicache_size:
         page = hp.parse_size(selected_raw)
     except hp.HugepageConfigError as exc:
         error = str(exc)
-        problems.append(f"hugepages: {error}")
+        problems.append(Problem(f"hugepages: {error}",
+                                fix=f"set SGLANG_HUGEPAGE_SIZE to {' or '.join(hp.SGLANG_SIZES)}, or unset it"))
     info["selected"] = {"env": selected_raw or None, "size_kb": page // hp.KIB if page else None, "error": error}
     if page is not None and page not in pools:
-        problems.append(f"hugepages: SGLANG_HUGEPAGE_SIZE={selected_raw} but this kernel has no "
-                        f"{hp.size_label(page)} pool (/{hp.SYS_POOLS}/{hp.pool_dir_name(page)} is missing)")
+        problems.append(Problem(
+            f"hugepages: SGLANG_HUGEPAGE_SIZE={selected_raw} but this kernel has no {hp.size_label(page)} pool "
+            f"(/{hp.SYS_POOLS}/{hp.pool_dir_name(page)} is missing)",
+            fix=f"boot with hugepagesz={hp.cmdline_size(page)} hugepages=N on the kernel command line, or set "
+                "SGLANG_HUGEPAGE_SIZE to a size this kernel has"))
     info["fit"] = None
     if hicache_size:
         info["fit"] = _fit(root, page, error, hicache_size, ranks_per_node or 1, ranks_source, default, problems)
@@ -111,12 +143,17 @@ def _fit(root, page, error, hicache_size, ranks, ranks_source, default, problems
                           f"{hp.size_label(page)} pages (at least; DSA indexer and MTP draft pools add to it)")
     else:
         share, share_gb = hp.per_rank_budget(cap.usable_pages, page, ranks)
+        lower = f"lower --hicache-size to at most {share_gb} GB per rank ({hp.gib(share)}), or --hicache-ratio"
         fit["message"] = hp.shortfall_message(
             sf, what=f"--hicache-size {hicache_size} GB per rank", default_page_bytes=default,
-            other_sizes=hp.free_by_size(root),
-            lower_hint=f"lower --hicache-size to at most {share_gb} GB per rank ({hp.gib(share)}), or "
-                       "--hicache-ratio")
-        problems.append(fit["message"].split("\n", 1)[0])
+            other_sizes=hp.free_by_size(root), lower_hint=lower)
+        head, _, rest = fit["message"].partition("\n")
+        if cap.limit_kind in ("cgroup", "missing"):  # the message's first way out: raise the limit / boot with pages
+            way = rest.splitlines()[0].removesuffix(", or:")
+        else:
+            way = (f"reserve {sf.missing_pages} more {hp.size_label(page)} pages "
+                   f"({hp.reserve_commands(sf, default_page_bytes=default)[0]})")
+        problems.append(Problem(head, fix=f"{way}, or {lower}"))
     return fit
 
 

@@ -58,8 +58,9 @@ def parse_size(raw: str | None, *, env_name: str = "SGLANG_HUGEPAGE_SIZE") -> in
     if value in SGLANG_SIZES:
         return SGLANG_SIZES[value]
     raise HugepageConfigError(
-        f"{env_name}={raw!r} is not a size SGLang 0.5.23 knows; it accepts {' or '.join(SGLANG_SIZES)} "
-        "(case-insensitive) and would otherwise silently allocate the host KV pool from ordinary pages"
+        f"{env_name}={raw!r} is not a hugepage size SGLang 0.5.23 knows (with it SGLang silently allocates the "
+        f"host KV pool from ordinary pages): set {env_name} to {' or '.join(SGLANG_SIZES)} (case-insensitive), "
+        "or unset it"
     )
 
 

@@ -47,7 +47,7 @@ def fallback_allowed() -> bool:
     try:
         return HUGEPAGE_FALLBACK.get_bool()
     except ValueError as exc:
-        raise hp.HugepageConfigError(str(exc)) from None
+        raise hp.HugepageConfigError(f"sglang-glm-ext: {exc}") from None
 
 
 def _raw_size() -> str:
@@ -197,7 +197,18 @@ def _lower_hint(cfg, per_rank_pages: int | None, page: int, ranks: int) -> str:
 
 
 def hook_check_server_args(result, server_args, *args, **kwargs):
-    plan_launch(server_args)
+    """AFTER ServerArgs.check_server_args (Engine._launch_subprocesses, in the launcher before any rank exists).
+
+    SGLang lets an exception from here escape `launch_server` / `sglang serve` as a traceback. A command-line
+    launch (prepare_server_args recorded `_launch_command` on the record) gets the message alone instead, as
+    SystemExit (printed to stderr, exit status 1), like the plugin's flag errors; `Engine(...)` callers keep the
+    exception (HugepageConfigError is a ValueError)."""
+    try:
+        plan_launch(server_args)
+    except hp.HugepageError as exc:
+        if getattr(server_args, "_launch_command", None) is not None:
+            raise SystemExit(str(exc)) from None
+        raise
     return result
 
 

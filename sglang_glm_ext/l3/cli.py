@@ -43,7 +43,8 @@ def add_l3_subcommands(subparsers) -> argparse.ArgumentParser:
     build_arg_parser(fs)
     fs.set_defaults(func=_fsck)
 
-    be = sub.add_parser("bench", help="L3 spill/reload/exists vs raw O_DIRECT on one disk, printed as ratios")
+    be = sub.add_parser("bench", help="L3 spill/reload/exists vs raw O_DIRECT on one disk, printed as ratios",
+                        epilog="exit status: 0 every target met, 3 a row is FAIL (listed on stderr), 2 bad arguments")
     from .tools.bench import add_arguments
 
     add_arguments(be)

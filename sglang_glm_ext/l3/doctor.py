@@ -11,6 +11,10 @@ from .feature import CP_L3_CONFIG
 
 __all__ = ["report", "l3_paths", "render_section"]
 
+# The fix doctor shows for each L3 problem (each names the config key or path at fault; the launch refuses it alike).
+FIX = ("correct what it names in the --cp-l3-config file or on its disks (a writable directory per [[disks]] entry, "
+       "a budget within free space); `sglang-glm-ext l3 example-config --dir DIR` writes a valid config")
+
 
 def report(inp: DoctorInput) -> DoctorPart:
     from .hicache.doctor import report as backend_report
@@ -18,7 +22,7 @@ def report(inp: DoctorInput) -> DoctorPart:
     rows, problems = l3_paths(inp.values.get(CP_L3_CONFIG.name))
     section, more = backend_report(inp.values)
     problems.extend(p for p in more if p not in problems)  # a bad config is one problem, not one per part
-    return DoctorPart({"l3_paths": rows}, tuple(problems), sections={"l3": section})
+    return DoctorPart({"l3_paths": rows}, tuple(problems), sections={"l3": section}, fix=FIX)
 
 
 def render_section(section: dict) -> list[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
-from ..declare import DoctorInput, DoctorPart
+from ..declare import DoctorInput, DoctorPart, Problem
 from . import hardware
 from .feature import FEATURE
 
@@ -25,9 +25,11 @@ def report(inp: DoctorInput) -> DoctorPart:
     fp4 = {**fp4_megamoe(inp.gpus, version), "deep_gemm": version, "trtllm_layout": hardware.trtllm_layout()}
     megamoe = hardware.doctor_part(list(inp.gpus))
     problems = hardware.doctor_problems(megamoe)
+    node = launch_problems(megamoe)  # no MegaMoE kernel runs here: megamoe is unavailable on this node
     if FEATURE.switched_on(inp.values, SimpleNamespace(**inp.launch)):  # doctor --moe-a2a-backend megamoe
-        problems += launch_problems(megamoe)
-    return DoctorPart({"fp4_megamoe": fp4, "megamoe": megamoe}, tuple(problems))
+        problems += node
+    return DoctorPart({"fp4_megamoe": fp4, "megamoe": megamoe}, tuple(problems),
+                      unavailable={FEATURE.name: node[0].removeprefix("--moe-a2a-backend megamoe: ")} if node else {})
 
 
 def fp4_megamoe(gpu_list: Sequence[Mapping[str, Any]], deep_gemm_version: str | None) -> dict[str, Any]:
@@ -46,5 +48,7 @@ def launch_problems(part: Mapping[str, Any]) -> list[str]:
     kernels = ("fp8_sm90", "fp4_sm100")
     if any(part[k]["possible"] for k in kernels):
         return []
-    return ["--moe-a2a-backend megamoe: no MegaMoE kernel can run on this node (" +
-            "; ".join(f"{k}: {part[k]['why']}" for k in kernels) + ")"]
+    return [Problem("--moe-a2a-backend megamoe: no MegaMoE kernel can run on this node (" +
+                    "; ".join(f"{k}: {part[k]['why']}" for k in kernels) + ")",
+                    fix="serve it on SM90 GPUs (FP8 experts) or SM100 (FP4) with deep_gemm installed, or choose "
+                        "another --moe-a2a-backend")]

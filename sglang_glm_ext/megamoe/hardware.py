@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+from ..declare import Problem
 from .guard import RETIRED_ENV, SM100_KERNEL_API, SM90_KERNEL_API
 
 
@@ -110,7 +111,8 @@ def doctor_part(gpu_list: list[dict[str, Any]], probe: Optional[DeepGemmProbe] =
 
 
 def doctor_problems(part: dict[str, Any]) -> list[str]:
-    problems = [f"{n} is retired; use {RETIRED_ENV[n]}" for n in part["retired_env"]]
+    problems = [Problem(f"{n} is retired; use {RETIRED_ENV[n]}", fix=f"unset {n}") for n in part["retired_env"]]
     if part["dg_use_fp4_acts_set"]:
-        problems.append("DG_USE_FP4_ACTS is set: deep_gemm >= 0.2.0 refuses to import with it; unset it")
+        problems.append(Problem("DG_USE_FP4_ACTS is set: deep_gemm >= 0.2.0 refuses to import with it; unset it",
+                                fix="unset DG_USE_FP4_ACTS"))
     return problems

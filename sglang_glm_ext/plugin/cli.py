@@ -4,54 +4,46 @@ tiny-model generator and served run."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import sys
+import warnings
+from typing import Any, Callable, Iterator
+
+from . import __version__
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from . import flags
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help line ends with its default, as argparse's ArgumentDefaultsHelpFormatter does, but not
+    for an off switch or an unset option (`default: None` / `False` say nothing), and not twice when the help
+    already says what the default is."""
 
-    parser = argparse.ArgumentParser(prog="sglang-glm-ext", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = default_shown(action)
+        if shown is None or "%(default)" in text or "default:" in text.lower():
+            return text
+        return f"{text} (default: {shown.replace('%', '%%')})"
 
-    doc = sub.add_parser("doctor", help="versions, patch states, feature states, hardware; non-zero on problems")
-    doc.add_argument("--json", action="store_true",
-                     help="stable JSON output (schema in sglang_glm_ext/plugin/doctor.py)")
-    doc.add_argument("--brief", action="store_true", help="one line")
-    flags.add_arguments(doc)  # `doctor --enable-cp-l3 --cp-l3-config x.toml` checks what that launch would need
-    # SGLang-side values of the launch (not plugin flags): they reach the doctor parts as DoctorInput.launch.
-    launch = doc.add_argument_group("launch", "SGLang settings of the launch to check: they size a "
-                                    "hugepage-backed HiCache launch (SGLANG_HUGEPAGE_SIZE) and switch "
-                                    "SGLang-switched features on (megamoe)")
-    launch.add_argument("--hicache-size", type=_positive_int, default=None, metavar="GB",
-                        help="the launch's --hicache-size (GB per rank): whether the node's hugepages hold it")
-    launch.add_argument("--ranks-per-node", type=_positive_int, default=None, metavar="N",
-                        help="scheduler ranks on this node (tp*pp*dp / nnodes); default: visible GPUs, else 1")
-    from .registry import SGLANG_ARGS
 
-    # SGLang's own switches of a feature (`doctor --moe-a2a-backend megamoe`); they reach doctor as DoctorInput.launch
-    for name in SGLANG_ARGS:
-        launch.add_argument("--" + name.replace("_", "-"), dest=name, default=None,
-                         help=f"the launch's SGLang --{name.replace('_', '-')} (a feature it switches on shows active)")
+def default_shown(action: argparse.Action) -> str | None:
+    """How an option's default reads in its help line; None when there is nothing to show."""
+    default = action.default
+    if not action.option_strings or default in (None, False, argparse.SUPPRESS) or action.nargs == 0:
+        return None
+    if isinstance(default, (list, tuple)):
+        return " ".join(map(str, default))
+    return str(default)
 
-    sub.add_parser("flags", help="list the plugin's CLI flags and environment variables")
 
-    man = sub.add_parser("manifest", help="print docs_internal/patch_manifest.md from the patch declarations")
-    man.add_argument("--write", metavar="PATH", help="write it to PATH instead of stdout")
+class ArgumentParser(argparse.ArgumentParser):
+    """The plugin's parser: its help shows defaults (HelpFormatter). Subcommand parsers are made from the same
+    class (argparse's add_subparsers uses the parent's class), so every subcommand, a feature folder's included,
+    gets it without asking."""
 
-    try:
-        from ..l3.cli import add_l3_subcommands
-    except ImportError:
-        add_l3_subcommands = None
-    if add_l3_subcommands is not None:
-        add_l3_subcommands(sub)
-    from ..l3.hicache.demo import add_demo_subcommand  # the main job: L3 under SGLang's real HiCache on a CPU
-
-    add_demo_subcommand(sub)
-    from ..cpu_serve import run as cpu_serve_run, tiny_model  # SGLang's real server on a CPU (cpu_serve/)
-
-    tiny_model.add_subcommand(sub)
-    cpu_serve_run.add_subcommand(sub)
-    return parser
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
 
 def _positive_int(text: str) -> int:
@@ -64,19 +56,68 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "doctor":
+# ---- the subcommands: each adder adds one (or a group) to `sub` and sets its func(args) -> exit status ----
+
+def _add_doctor(sub) -> None:
+    from . import flags
+    from .registry import SGLANG_ARGS
+
+    doc = sub.add_parser(
+        "doctor", help="versions, patch states, feature states, hardware; non-zero on problems",
+        description="What is installed, what the plugin did to SGLang, and whether a launch would work here. "
+                    "Check a launch by giving its whole command line after `--` (SGLang's own parser reads it, "
+                    "with the plugin's flags), or by the few options below.",
+        epilog="example: sglang-glm-ext doctor -- python -m sglang.launch_server --model-path zai-org/GLM-5 "
+               "--enable-hierarchical-cache --enable-cp-l3 --cp-l3-config l3.toml --moe-a2a-backend megamoe")
+    doc.add_argument("--json", action="store_true",
+                     help="stable JSON output (schema in sglang_glm_ext/plugin/doctor.py)")
+    doc.add_argument("--brief", action="store_true", help="one line")
+    flags.add_arguments(doc)  # `doctor --enable-cp-l3 --cp-l3-config x.toml` checks what that launch would need
+    # SGLang-side values of the launch (not plugin flags): they reach the doctor parts as DoctorInput.launch.
+    launch = doc.add_argument_group("launch", "SGLang settings of the launch to check, without its whole command "
+                                    "line: they size a hugepage-backed HiCache launch (SGLANG_HUGEPAGE_SIZE) and "
+                                    "switch SGLang-switched features on (megamoe)")
+    launch.add_argument("--hicache-size", type=_positive_int, default=None, metavar="GB",
+                        help="the launch's --hicache-size (GB per rank): whether the node's hugepages hold it")
+    launch.add_argument("--ranks-per-node", type=_positive_int, default=None, metavar="N",
+                        help="scheduler ranks on this node (tp*pp*dp / nnodes); default: from the launch line, "
+                             "else visible GPUs, else 1")
+    # SGLang's own switches of a feature (`doctor --moe-a2a-backend megamoe`); they reach doctor as DoctorInput.launch
+    for name in SGLANG_ARGS:
+        opt = "--" + name.replace("_", "-")
+        launch.add_argument(opt, dest=name, default=None, metavar="VALUE",
+                            help=f"the launch's SGLang {opt}, checked against the installed SGLang's choices "
+                                 "(a feature it switches on shows active)")
+    doc.add_argument("launch_line", nargs=argparse.REMAINDER, metavar="-- LAUNCH",
+                     help="the launch's whole command line: `python -m sglang.launch_server ARGS`, "
+                          "`sglang serve ARGS`, or just ARGS; leading NAME=VALUE words set environment variables "
+                          "for the check")
+
+    def run(args) -> int:
         from .doctor import main as doctor_main
 
         return doctor_main(args)
-    if args.command == "flags":
+
+    doc.set_defaults(func=run)
+
+
+def _add_flags(sub) -> None:
+    p = sub.add_parser("flags", help="list the plugin's CLI flags and environment variables")
+
+    def run(args) -> int:
         from .docs import flags_table
 
         sys.stdout.write(flags_table())
         return 0
-    if args.command == "manifest":
+
+    p.set_defaults(func=run)
+
+
+def _add_manifest(sub) -> None:
+    man = sub.add_parser("manifest", help="print docs_internal/patch_manifest.md from the patch declarations")
+    man.add_argument("--write", metavar="PATH", help="write it to PATH instead of stdout")
+
+    def run(args) -> int:
         from ..patching.manifest import render
         from .registry import PATCHES
 
@@ -87,12 +128,88 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sys.stdout.write(text)
         return 0
-    if args.command == "demo":
+
+    man.set_defaults(func=run)
+
+
+def _add_l3(sub) -> None:
+    try:
+        from ..l3.cli import add_l3_subcommands  # sets func on each of its subcommands
+    except ImportError:
+        return
+    add_l3_subcommands(sub)
+
+
+def _add_demo(sub) -> None:
+    from ..l3.hicache.demo import add_demo_subcommand  # the main job: L3 under SGLang's real HiCache on a CPU
+
+    add_demo_subcommand(sub)
+
+    def run(args) -> int:
         from ..l3.hicache.demo import run_demo
         from .register import register
 
         return run_demo(args, register)
-    handler = getattr(args, "func", None)
-    if handler is None:
-        parser.error(f"unknown command {args.command}")
-    return int(handler(args) or 0)
+
+    sub.choices["demo"].set_defaults(func=run)
+
+
+def _add_cpu_serve(sub) -> None:
+    from ..cpu_serve import run as cpu_serve_run, tiny_model  # SGLang's real server on a CPU (cpu_serve/)
+
+    tiny_model.add_subcommand(sub)
+    cpu_serve_run.add_subcommand(sub)
+
+
+SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_doctor, _add_flags, _add_manifest, _add_l3, _add_demo,
+                                                  _add_cpu_serve)
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="sglang-glm-ext", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="also print SGLang's own warnings and log lines (hidden by default)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(sub)
+    for p in subcommand_parsers(parser):  # `sglang-glm-ext doctor -v` as well as `sglang-glm-ext -v doctor`
+        if not {"-v", "--verbose"} & set(p._option_string_actions):
+            p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                           help="also print SGLang's own warnings and log lines")
+    return parser
+
+
+def subcommand_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every subcommand's parser under `parser`, nested ones (`l3 fsck`) included."""
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for p in dict.fromkeys(action.choices.values()):
+                out.append(p)
+                out.extend(subcommand_parsers(p))
+    return out
+
+
+@contextlib.contextmanager
+def quiet_sglang() -> Iterator[None]:
+    """While a command runs, hide what SGLang prints about itself on this node when its modules are imported
+    (UserWarnings that AWQ, GGUF and Triton need CUDA, "Cannot detect CUDA architecture", ...): the plugin's
+    commands report on their own, and those lines came before every doctor and demo run. SGLang's errors still
+    show; -v shows everything. Restored afterwards, so `main()` called in a process leaves its logging as it was."""
+    logger = logging.getLogger("sglang")
+    level = logger.level
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=r"sglang(\.|$)")
+        logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            logger.setLevel(level)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    with contextlib.nullcontext() if getattr(args, "verbose", 0) else quiet_sglang():
+        return int(args.func(args) or 0)

@@ -22,6 +22,9 @@ JSON schema (stable; bump SCHEMA on any breaking change, documented in README "d
        state: {deployment_id, cold_start, ack, wait_ms, ranks, require_plp, plp, index: {path, exists,
        entries_for_deployment, entries_total}, slabs: [{rank, path, bytes, slots, page_bytes, namespace}]]}          (added in schema 1)
   (hugepages: null = the kernel did not say; `unknown` names why.)
+  Added in schema 1 (nothing above renamed): problem_details: [{problem, fix, source}] (one per `problems` entry,
+  same order; source: plugin | launch | the folder of the doctor part), patch_counts: {serving, applied,
+  demo_only, cpu_serve_off}, launch (given a launch line): {command, entry, env, argv, parsed}.
 
 The GPU listing is plugin-wide (here); every other "hardware" key, and the problems that go with it, is a
 folder's part (`<folder>/doctor.py` report(), listed in plugin/registry.py DOCTOR_PARTS). A part may also own
@@ -29,23 +32,33 @@ top-level sections (`DoctorPart.sections`, e.g. "l3"): schema additions, never o
 
 A feature that SGLang's own arguments switch on (`Feature.active_when`: megamoe) is `active` when doctor is given
 those arguments (`doctor --moe-a2a-backend megamoe`, registry.SGLANG_ARGS, passed as `launch`); without them it
-reports off.
+reports off. `available` means it can work here: its patches are in (features.why_unavailable), and this node can
+serve it (`Feature.needs_cuda_gpu`; a part's `DoctorPart.unavailable`, e.g. megamoe with no SM90/SM100 GPU).
+
+The launch being checked: either doctor's own options (plugin flags, `--hicache-size`, SGLang's `--moe-a2a-backend`
+...: each SGLang one parsed by SGLang's own parser, so its choices are SGLang's live lists; plugin flags validated
+as at a launch), or its whole command line after `--` (plugin/launch.py): leading NAME=VALUE words become this
+process's environment first, then SGLang's parser (the plugin's flags on it) reads exactly those arguments and
+ServerArgs.from_cli_args runs the plugin's launch checks. What SGLang's parser or those checks refuse is a problem.
+Every problem carries a fix (a part's `Problem.fix`, else its `DoctorPart.fix`).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import platform
 import sys
 from types import SimpleNamespace
 from typing import Any
 
-from ..declare import DoctorInput
+from ..declare import DoctorInput, PluginFlagError, Tier
 from ..hostmem import doctor as hostmem_doctor
 from ..l3 import doctor as l3_doctor
 from ..patching.ledger import State
-from . import __version__, compat, features, flags
+from . import __version__, compat, envs, features, flags
+from . import launch as launch_line
 from . import register as plugin
 from .registry import DOCTOR_PARTS, FEATURES, SGLANG_ARGS
 
@@ -89,18 +102,137 @@ def gpus() -> tuple[bool, list[dict[str, Any]]]:
     return True, out
 
 
-def collect(flag_values: dict[str, Any] | None = None, launch: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The report; `launch`: SGLang-side values of the launch being checked (DoctorInput.launch)."""
+class _Problems:
+    """The report's problems in order, each with its fix and where it came from; one text is reported once (a bad
+    L3 config reaches doctor through the launch checks and through the L3 part)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, str]] = []
+        self._seen: set[str] = set()
+
+    def add(self, problem: str, source: str, fix: str = "") -> None:
+        key = _same(problem)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.rows.append({"problem": str(problem), "fix": getattr(problem, "fix", "") or fix, "source": source})
+
+    def texts(self) -> list[str]:
+        return [r["problem"] for r in self.rows]
+
+
+_LABELS = ("launch refused: ", "launch: ", "sglang-glm-ext: ")
+
+
+def _same(text: str) -> str:
+    """What two wordings of one problem share: no label or "sglang-glm-ext: " prefix, no quotes around values."""
+    text = str(text)
+    while text.startswith(_LABELS):
+        text = text.split(": ", 1)[1]
+    return text.replace("'", "").replace('"', "")
+
+
+def _part_source(part) -> str:
+    """`sglang_glm_ext.megamoe.doctor` -> `megamoe`: the folder a doctor part belongs to."""
+    parts = getattr(part, "__module__", "").split(".")
+    return parts[1] if len(parts) > 2 else "plugin"
+
+
+FIX_CONTRACT = ("SGLang's code at the target is not what the patch was written for: tests/patching/test_contract.py "
+                "names what moved; SGLANG_GLM_EXT_DISABLE=1 serves without the plugin meanwhile")
+FIX_LAUNCH = ("correct that argument (`python -m sglang.launch_server --help` lists SGLang's arguments and their "
+              "choices, and the plugin's under \"sglang-glm-ext\")")
+FIX_REFUSED = "a real launch stops with this same line before serving: change what it names"
+
+
+def _sglang_problems(status: compat.VersionStatus, problems: _Problems) -> None:
+    newest = compat.SUPPORTED_SGLANG[-1]
+    if status.installed is None:
+        problems.add("sglang is not installed", "plugin",
+                     f"pip install sglang=={newest} (a CPU-only machine: bash scripts/setup_env.sh)")
+    elif not status.supported:
+        problems.add(status.unsupported_message("sglang-glm-ext"), "plugin",
+                     f"pip install sglang=={newest}, or a sglang-glm-ext that supports {status.installed}")
+    if not _entry_point_registered():
+        problems.add("entry point sglang.srt.plugins:glm_ext is not installed, so SGLang never loads the plugin",
+                     "plugin", "install the package, not only put it on PYTHONPATH: pip install . in its checkout, "
+                     "or pip install the wheel built from it (README: Install on a GPU node)")
+
+
+def _fix_unavailable(why: str) -> str:
+    if plugin.is_disabled():
+        return f"unset {envs.DISABLE.name} (it turns the whole plugin off)"
+    if plugin.ledger_state() is None:
+        return "let SGLang load the plugin: install it (its sglang.srt.plugins entry point) and leave SGLANG_PLUGINS unset"
+    if "skipped" in why and not compat.version_status().patches_allowed:
+        return f"pip install sglang=={compat.SUPPORTED_SGLANG[-1]} (the supported release)"
+    return FIX_CONTRACT
+
+
+def _parse_launch(command: launch_line.Command, problems: _Problems):
+    """SGLang's parse of the launch and the record it builds (the plugin's launch checks on it); None when SGLang's
+    parser refuses the arguments."""
+    try:
+        ns = launch_line.parse(launch_line.sglang_argv(command))
+    except launch_line.LaunchLineError as exc:
+        fix = FIX_LAUNCH
+        if plugin.is_disabled() and any(f.cli in str(exc) for f in flags.FLAGS):
+            fix = f"the plugin is off ({envs.DISABLE.name}=1), so SGLang does not know its flags: unset it"
+        problems.add(f"launch: {exc}", "launch", fix)
+        return None
+    try:
+        launch_line.server_args(ns)
+    except SystemExit as exc:  # the plugin's flag and L3 hooks refuse a launch with one line
+        problems.add(f"launch refused: {str(exc.code).removeprefix('sglang-glm-ext: ')}", "launch", FIX_REFUSED)
+    except Exception as exc:  # noqa: BLE001 - SGLang's own construction error: report it, do not crash doctor
+        problems.add(f"launch refused: {type(exc).__name__}: {exc}", "launch", FIX_REFUSED)
+    return ns
+
+
+def _check_sglang_options(launch: dict[str, Any], problems: _Problems) -> None:
+    """doctor's own `--moe-a2a-backend X`-style options, parsed by SGLang's parser: SGLang's choices, its types."""
+    argv: list[str] = []
+    for name in SGLANG_ARGS:
+        if launch.get(name) is not None:
+            argv += ["--" + name.replace("_", "-"), str(launch[name])]
+    if not argv:
+        return
+    try:
+        ns = launch_line.parse(argv, require_model_path=False)
+    except launch_line.LaunchLineError as exc:
+        problems.add(f"launch: {exc}", "launch", FIX_LAUNCH)
+        for name in SGLANG_ARGS:  # an invalid value switches nothing on
+            launch[name] = None
+        return
+    launch.update({name: getattr(ns, name) for name in SGLANG_ARGS if launch.get(name) is not None})
+
+
+def _launch_from_namespace(ns, ranks_per_node: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(plugin flag values, SGLang-side launch values) of a parsed launch line."""
+    from ..hostmem.hugepages import ranks_on_node
+
+    values = flags.values_from_namespace(ns)
+    launch = {k: v for k, v in vars(ns).items() if not k.startswith("glm_ext__")}
+    launch["hicache_size"] = launch.get("hicache_size") or None  # SGLang's 0: not given (--hicache-ratio sizes it)
+    if ranks_per_node:
+        launch["ranks_per_node"], launch["ranks_source"] = ranks_per_node, "--ranks-per-node"
+    else:
+        launch["ranks_per_node"] = ranks_on_node(*(int(launch.get(k) or 1)
+                                                   for k in ("tp_size", "pp_size", "dp_size", "nnodes")))
+        launch["ranks_source"] = "the launch: tp*pp*dp / nnodes"
+    return values, launch
+
+
+def collect(flag_values: dict[str, Any] | None = None, launch: dict[str, Any] | None = None,
+            command: launch_line.Command | None = None) -> dict[str, Any]:
+    """The report. `launch`: SGLang-side values of the launch being checked (DoctorInput.launch), or `command`:
+    the launch's whole command line (its environment already applied), parsed here by SGLang's own parser once
+    the plugin has registered (its flags are then on that parser, as in a server)."""
     loaded_via = _load_plugin()
     status = compat.version_status()
     ledger = plugin.ledger_state()
-    problems: list[str] = []
-    if status.installed is None:
-        problems.append("sglang is not installed")
-    elif not status.supported:
-        problems.append(status.unsupported_message("sglang-glm-ext"))
-    if not _entry_point_registered():
-        problems.append("entry point sglang.srt.plugins:glm_ext is not installed (pip install sglang-glm-ext)")
+    problems = _Problems()
+    _sglang_problems(status, problems)
 
     patches = []
     for p in (ledger.patches if ledger else ()):
@@ -110,18 +242,25 @@ def collect(flag_values: dict[str, Any] | None = None, launch: dict[str, Any] | 
             "state": st.state.value if st else State.PENDING.value, "detail": st.detail if st else "",
         })
         if st and st.state is State.FAILED:
-            problems.append(f"patch {p.id} on {p.target} failed: {st.detail}")
+            problems.add(f"patch {p.id} on {p.target} failed: {st.detail}", "plugin", FIX_CONTRACT)
 
+    launch = dict(launch or {})
+    sections: dict[str, Any] = {}
+    if command is not None:
+        ns = _parse_launch(command, problems)
+        sections["launch"] = {"command": command.describe(), "entry": command.entry, "env": dict(command.env),
+                              "argv": list(command.argv), "parsed": ns is not None}
+        flag_values, parsed = _launch_from_namespace(ns, launch.get("ranks_per_node")) if ns else ({}, {})
+        launch = parsed
+    else:
+        _check_sglang_options(launch, problems)
     values = dict(flags.get())
     values.update({k: v for k, v in (flag_values or {}).items() if v not in (None, False)})
-    feats = []
-    for f in FEATURES:
-        active = f.switched_on(values, SimpleNamespace(**(launch or {})))  # active_when reads SGLang's own args
-        why = features.why_unavailable(f) if not plugin.is_disabled() else "plugin disabled"
-        feats.append({"name": f.name, "title": f.title, "active": active, "available": not why,
-                      "why_unavailable": why})
-        if active and why:
-            problems.append(f"feature {f.name} is enabled but cannot work: {why}")
+    if command is None:  # a launch line already ran these checks through the plugin's own hooks
+        try:
+            flags.validate(values)
+        except PluginFlagError as exc:
+            problems.add(f"launch refused: {exc}", "launch", FIX_REFUSED)
 
     cuda, gpu_list = gpus()
     versions = {"python": platform.python_version(), "sglang": status.installed,
@@ -132,23 +271,50 @@ def collect(flag_values: dict[str, Any] | None = None, launch: dict[str, Any] | 
                 "flashinfer": compat.installed_version("flashinfer-python") or compat.installed_version("flashinfer")}
     hardware: dict[str, Any] = {"cuda_available": cuda, "gpus": gpu_list}
     probe = DoctorInput(values=values, gpus=tuple(gpu_list), versions=versions,
-                        launch={k: v for k, v in (launch or {}).items() if v is not None})
-    sections: dict[str, Any] = {}
+                        launch={k: v for k, v in launch.items() if v is not None})
+    node_unavailable: dict[str, str] = {}
+    part_problems: list[tuple[str, str]] = []
     for part in DOCTOR_PARTS:  # each folder's part: its hardware keys, its top-level sections and its problems
         got = part(probe)
         hardware.update(got.hardware)
         sections.update(got.sections)
-        problems.extend(got.problems)
+        node_unavailable.update(got.unavailable)
+        source = _part_source(part)
+        part_problems += [(p, source, got.fix) for p in got.problems]
+
+    server = SimpleNamespace(**launch)  # active_when reads SGLang's own arguments
+    feats = []
+    for f in FEATURES:
+        active = f.switched_on(values, server)
+        why = features.why_unavailable(f) if not plugin.is_disabled() else "plugin disabled"
+        if why and active:
+            problems.add(f"feature {f.name} is switched on but cannot work: {why}", "plugin", _fix_unavailable(why))
+        node = node_unavailable.get(f.name, "")
+        if not node and f.needs_cuda_gpu and not gpu_list:
+            node = "needs a CUDA GPU; none is visible on this node"
+            if active:
+                switch = " / ".join(fl.cli for fl in f.flags if fl.switch) or f.name
+                problems.add(f"feature {f.name} is switched on but {node}", "plugin",
+                             f"run this launch on a GPU node, or leave out {switch}")
+        why = "; ".join(w for w in (why, node) if w)
+        feats.append({"name": f.name, "title": f.title, "active": active, "available": not why,
+                      "why_unavailable": why})
+    for problem, source, fix in part_problems:
+        problems.add(problem, source, fix)
+
+    texts = problems.texts()
     report = {
         "schema": SCHEMA,
-        "ok": not problems,
-        "problems": problems,
+        "ok": not texts,
+        "problems": texts,
+        "problem_details": problems.rows,
         "plugin": {"version": __version__, "disabled": plugin.is_disabled(),
                    "entry_point": _entry_point_registered(), "loaded_via": loaded_via},
         "sglang": {"installed": status.installed, "supported": status.supported,
                    "supported_versions": list(compat.SUPPORTED_SGLANG), "forced": status.forced},
         "versions": versions,
         "patches": patches,
+        "patch_counts": patch_counts(patches),
         "features": feats,
         "hardware": hardware,
     }
@@ -159,6 +325,33 @@ def collect(flag_values: dict[str, Any] | None = None, launch: dict[str, Any] | 
     return report
 
 
+def patch_counts(patches: list[dict[str, Any]]) -> dict[str, int]:
+    """Serving patches (guard and feature tiers, and the CPU serving stand-ins where that mode is on) applied of
+    all, and the rest apart: register() never applies a demo-tier patch (CPU stand-ins for GPU copy ops), nor a
+    CPU-serving one unless SGLANG_GLM_EXT_CPU_SERVE=1 may run here, so a skipped one of those is not missing."""
+    def off_by_design(p: dict[str, Any]) -> str | None:
+        if p["tier"] == Tier.DEMO.value:
+            return "demo_only"
+        if p["tier"] == Tier.CPU_SERVE.value and p["state"] != State.APPLIED.value:
+            return "cpu_serve_off"
+        return None
+
+    apart = [off_by_design(p) for p in patches]
+    serving = [p for p, why in zip(patches, apart) if why is None]
+    return {"serving": len(serving), "applied": sum(p["state"] == State.APPLIED.value for p in serving),
+            "demo_only": apart.count("demo_only"), "cpu_serve_off": apart.count("cpu_serve_off")}
+
+
+def patch_summary(report: dict[str, Any], *, brief: bool = False) -> str:
+    c = report.get("patch_counts") or patch_counts(report["patches"])
+    why = "not applied by design" if brief else "never applied in a server: CPU stand-ins for GPU copy ops"
+    demo = f" (+{c['demo_only']} demo/test-only, {why})" if c["demo_only"] else ""
+    if c.get("cpu_serve_off"):
+        demo += (f" (+{c['cpu_serve_off']} CPU-serving stand-ins, off" + ("" if brief else
+                 ": applied only under SGLANG_GLM_EXT_CPU_SERVE=1 on a machine with no accelerator") + ")")
+    return f"{c['applied']}/{c['serving']} serving patches applied{demo}"
+
+
 def render_text(report: dict[str, Any]) -> str:
     lines = [f"sglang-glm-ext {report['plugin']['version']}  (loaded via {report['plugin']['loaded_via']})"]
     s = report["sglang"]
@@ -166,10 +359,14 @@ def render_text(report: dict[str, Any]) -> str:
                  f"(supported: {', '.join(s['supported_versions'])})")
     v = report["versions"]
     lines.append("versions: " + ", ".join(f"{k}={v[k]}" for k in ("python", "torch", "deep_gemm", "flashinfer")))
-    lines.append("patches:")
+    if report.get("launch"):
+        lines.append(f"launch checked: {report['launch']['command']}")
+    lines.append(f"patches: {patch_summary(report)}")
     for p in report["patches"]:
+        state = {Tier.DEMO.value: "demo", Tier.CPU_SERVE.value: "cpu"}.get(p["tier"], p["state"]) \
+            if p["state"] == State.SKIPPED.value else p["state"]
         detail = f"  ({p['detail']})" if p["detail"] else ""
-        lines.append(f"  [{p['state']:>7}] {p['id']:<28} {p['target']}{detail}")
+        lines.append(f"  [{state:>7}] {p['id']:<28} {p['target']}{detail}")
     lines.append("features:")
     for f in report["features"]:
         state = "active" if f["active"] else "off"
@@ -196,8 +393,21 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"  CPU serving mode (SGLANG_GLM_EXT_CPU_SERVE): {cs['mode']}"
                      + (f"; may run here, sgl_kernel stand-in reachable: {cs['standin_reachable']}" if cs["may_run"]
                         else ("; " + cs["why_not"] if cs["mode"] == "on" else "")))
-    lines.append("OK" if report["ok"] else "PROBLEMS:\n  - " + "\n  - ".join(report["problems"]))
+    if report["ok"]:
+        lines.append("OK")
+    else:
+        lines.append("PROBLEMS:")
+        for row in report["problem_details"]:
+            lines.append(f"  - {row['problem']}")
+            lines.append(f"    fix: {row['fix'] or '(none known: please report it)'}")
     return "\n".join(lines)
+
+
+def render_brief(report: dict[str, Any]) -> str:
+    head = f"sglang-glm-ext {report['plugin']['version']}: {patch_summary(report, brief=True)}"
+    if report["ok"]:
+        return f"{head}, ok"
+    return f"{head}, {len(report['problems'])} problem(s): " + "; ".join(report["problems"])
 
 
 def main(args) -> int:
@@ -205,15 +415,27 @@ def main(args) -> int:
     launch = {"hicache_size": getattr(args, "hicache_size", None),
               "ranks_per_node": getattr(args, "ranks_per_node", None)}
     launch.update({a: getattr(args, a, None) for a in SGLANG_ARGS})
-    report = collect(values, launch=launch)
+    words = list(getattr(args, "launch_line", None) or [])
+    command = None
+    if words:
+        mixed = [f.cli for f in flags.FLAGS if values.get(f.name) not in (None, False)]
+        mixed += ["--" + k.replace("_", "-") for k, v in launch.items() if v is not None and k != "ranks_per_node"]
+        if mixed:
+            print(f"sglang-glm-ext doctor: {' '.join(mixed)} and a launch line after --: put them in the launch "
+                  "line (doctor checks exactly its arguments)", file=sys.stderr)
+            return 2
+        try:
+            command = launch_line.split_command(words)
+        except launch_line.LaunchLineError as exc:
+            print(f"sglang-glm-ext doctor: {exc}", file=sys.stderr)
+            return 2
+        os.environ.update(command.env)  # as the launch's environment: the plugin and SGLang read it from here
+    report = collect(values, launch=launch, command=command)
     if args.json:
         json.dump(report, sys.stdout, indent=2, sort_keys=True)
         sys.stdout.write("\n")
     elif getattr(args, "brief", False):
-        applied = sum(p["state"] == State.APPLIED.value for p in report["patches"])
-        print(f"sglang-glm-ext {report['plugin']['version']}: {applied}/{len(report['patches'])} patches applied, "
-              f"{'ok' if report['ok'] else 'problems: ' + '; '.join(report['problems'])}")
+        print(render_brief(report))
     else:
         print(render_text(report))
     return 0 if report["ok"] else 1
-

@@ -39,8 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if flag.kind == "bool":
             group.add_argument(flag.cli, dest=f"glm_ext__{flag.name}", action="store_true", help=flag.help)
         else:
+            # metavar: the kind, as the flag table names it (`--cp-l3-config PATH`), not the carrier's dest
             group.add_argument(flag.cli, dest=f"glm_ext__{flag.name}", type=str if flag.kind == "path" else int,
-                               default=flag.default, help=flag.help)
+                               default=flag.default, metavar=flag.kind.upper(), help=flag.help)
 
 
 def values_from_namespace(ns: argparse.Namespace) -> dict[str, Any]:

@@ -84,6 +84,35 @@ def test_bad_size_and_missing_pool_are_problems_not_tracebacks(fake_sysfs):
     assert any("no 1 GB pool" in p for p in problems)
 
 
+def test_each_hugepage_problem_carries_its_fix(fake_sysfs):
+    fs = fake_sysfs().pool(GB1, free=800)
+    _, (short,) = doctor.hugepages(fs.root, selected_raw="1GB", hicache_size=100, ranks_per_node=9,
+                                   ranks_source="x")
+    assert short.fix == ("reserve 46 more 1 GB pages (echo 846 > /sys/kernel/mm/hugepages/hugepages-1048576kB/"
+                         "nr_hugepages), or lower --hicache-size to at most 94 GB per rank (88.0 GiB), or "
+                         "--hicache-ratio")
+    _, (bad,) = doctor.hugepages(fs.root, selected_raw="3MB")
+    assert bad.fix == "set SGLANG_HUGEPAGE_SIZE to 2MB or 1GB, or unset it"
+    _, (missing,) = doctor.hugepages(fs.root, selected_raw="2MB")
+    assert missing.fix.startswith("boot with hugepagesz=2M hugepages=N on the kernel command line")
+
+
+def test_a_launch_whose_allocator_ignores_hugepages_is_a_problem(monkeypatch):
+    monkeypatch.setattr(doctor, "hugepages", lambda root, **kw: ({"selected": {"size_kb": GB1}}, []))
+    monkeypatch.setattr(doctor, "selected_size", lambda: "1GB")
+    monkeypatch.delenv("SGLANG_GLM_EXT_HUGEPAGE_FALLBACK", raising=False)
+    launch = {"enable_hierarchical_cache": True, "hicache_storage_backend": "mooncake"}
+    (problem,) = doctor.report(DoctorInput({}, (), {}, launch=launch)).problems
+    assert "--hicache-storage-backend mooncake allocates the host KV pool with its own allocator" in problem
+    assert "unset SGLANG_HUGEPAGE_SIZE" in problem.fix
+    # SGLang's default allocator (no backend, or file), HiCache off, or the fallback allowed: nothing to say
+    for other in ({**launch, "hicache_storage_backend": None}, {**launch, "hicache_storage_backend": "file"},
+                  {**launch, "enable_hierarchical_cache": False}):
+        assert doctor.report(DoctorInput({}, (), {}, launch=other)).problems == ()
+    monkeypatch.setenv("SGLANG_GLM_EXT_HUGEPAGE_FALLBACK", "1")
+    assert doctor.report(DoctorInput({}, (), {}, launch=launch)).problems == ()
+
+
 def test_unreadable_figures_are_null_and_named(fake_sysfs):
     fs = fake_sysfs().pool(MB2, free=10)
     fs.write("sys/kernel/mm/hugepages/hugepages-2048kB/resv_hugepages", "garbage")

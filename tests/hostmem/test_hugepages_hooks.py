@@ -446,6 +446,30 @@ def test_launch_check_fires_inside_sglangs_check_server_args(monkeypatch, tree, 
         sa.check_server_args()
 
 
+def test_a_command_line_launch_gets_the_message_alone_an_engine_the_exception(monkeypatch, tree, make_server_args):
+    """SGLang lets an exception from check_server_args escape launch_server as a traceback; a record built from a
+    command line (prepare_server_args sets `_launch_command`) exits with the message instead. The subprocess
+    launch is tests/hostmem/test_launch_cli.py."""
+    import sglang.srt.arg_groups.validation_hook as validation_hook
+
+    tree(GB1, free=10)
+    monkeypatch.setattr(validation_hook, "check_server_args", lambda server_args: None)
+    monkeypatch.setenv("SGLANG_HUGEPAGE_SIZE", "3MB")
+    engine = make_server_args(hicache_size=10)
+    with pytest.raises(hp.HugepageConfigError):  # Engine(...): a ValueError the caller can catch
+        engine.check_server_args()
+    cli = make_server_args(hicache_size=10)
+    cli._launch_command = ["--model-path", "dummy", "--enable-hierarchical-cache"]
+    with pytest.raises(SystemExit) as exc:
+        cli.check_server_args()
+    msg = str(exc.value.code)
+    assert "\n" not in msg and msg.startswith("sglang-glm-ext: SGLANG_HUGEPAGE_SIZE='3MB'")
+    assert "set SGLANG_HUGEPAGE_SIZE to 2MB or 1GB" in msg and FALLBACK in msg
+    monkeypatch.setenv(FALLBACK, "sometimes")
+    with pytest.raises(SystemExit, match=f"^sglang-glm-ext: {FALLBACK}='sometimes'"):
+        cli.check_server_args()
+
+
 # ---- SGLang functions the hooks read without patching ----
 
 @pytest.mark.parametrize("target,sha", [

@@ -73,7 +73,9 @@ def test_doctor_json_carries_the_megamoe_part():
     assert mm["fp8_sm90"] == {"possible": False, "why": "no CUDA GPU visible"}  # this CPU machine
     assert set(rep["hardware"]["fp4_megamoe"]) == {"possible", "why", "deep_gemm", "trtllm_layout"}
     feature = next(f for f in rep["features"] if f["name"] == "megamoe")
-    assert feature["active"] is False and feature["available"] is True  # applied; on only via --moe-a2a-backend
+    assert feature["active"] is False  # applied; on only via --moe-a2a-backend
+    # no MegaMoE kernel runs on this CPU machine: not "available" (its patches are in; the node cannot serve it)
+    assert feature["available"] is False and "no MegaMoE kernel can run on this node" in feature["why_unavailable"]
 
 
 def test_doctor_checks_a_megamoe_launch_given_sglangs_own_flag():
@@ -81,5 +83,5 @@ def test_doctor_checks_a_megamoe_launch_given_sglangs_own_flag():
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     rep = json.loads(proc.stdout)
     feature = next(f for f in rep["features"] if f["name"] == "megamoe")
-    assert feature["active"] is True and feature["available"] is True
+    assert feature["active"] is True and feature["available"] is False
     assert any(p.startswith("--moe-a2a-backend megamoe: no MegaMoE kernel can run") for p in rep["problems"])

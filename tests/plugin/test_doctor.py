@@ -37,9 +37,12 @@ def test_json_reports_supported_sglang_and_every_patch_applied(report):
     assert {p["state"] for p in report["patches"] if p["tier"] in ("demo", "cpu_serve")} == {"skipped"}
 
 
+SCHEMA_1 = {"schema", "ok", "problems", "plugin", "sglang", "versions", "patches", "features", "hardware", "l3"}
+
+
 def test_json_schema_keys_are_stable(report):
-    assert set(report) == {"schema", "ok", "problems", "plugin", "sglang", "versions", "patches", "features",
-                           "hardware", "l3"}
+    # schema 1 as first published, plus additions (never a rename): each problem's fix, the patch counts
+    assert set(report) == SCHEMA_1 | {"problem_details", "patch_counts"}
     assert report["l3"] == {"active": False}
     assert set(report["hardware"]) == {"cuda_available", "gpus", "fp4_megamoe", "hugepages", "l3_paths", "megamoe",
                                        "cpu_serve"}
@@ -106,3 +109,135 @@ def test_unsupported_sglang_is_reported_not_exited_even_with_feature_flags():
     assert rep["sglang"]["installed"] == "0.5.99" and rep["sglang"]["supported"] is False
     assert any("0.5.99" in p and "0.5.23" in p for p in rep["problems"])
     assert {p["state"] for p in rep["patches"] if p["tier"] == "feature"} == {"skipped"}
+
+
+# ---- patches, availability, fixes ----
+
+def test_demo_only_patches_are_counted_apart_not_as_missing(report):
+    from sglang_glm_ext.declare import Tier
+    from sglang_glm_ext.plugin.registry import PATCHES
+
+    demo = sum(p.tier is Tier.DEMO for p in PATCHES)
+    # the CPU serving stand-ins are skipped here (SGLANG_GLM_EXT_CPU_SERVE is not set): off by design, not missing
+    cpu = sum(p.tier is Tier.CPU_SERVE for p in PATCHES)
+    serving = len(PATCHES) - demo - cpu
+    assert demo and cpu and report["patch_counts"] == {"serving": serving, "applied": serving, "demo_only": demo,
+                                                       "cpu_serve_off": cpu}
+    brief = doctor("--brief")
+    assert brief.returncode == 0
+    assert brief.stdout.strip() == (f"sglang-glm-ext {report['plugin']['version']}: {serving}/{serving} serving "
+                                    f"patches applied (+{demo} demo/test-only, not applied by design) "
+                                    f"(+{cpu} CPU-serving stand-ins, off), ok")
+    text = doctor().stdout
+    assert f"patches: {serving}/{serving} serving patches applied (+{demo} demo/test-only, never applied in a server" \
+        in text
+    assert "[   demo] l3_demo.cpu_kvcacheio" in text and "[skipped]" not in text
+    assert "[    cpu] cpu_serve." in text
+
+
+def test_a_feature_this_node_cannot_serve_is_not_available(report):
+    feats = {f["name"]: f for f in report["features"]}
+    # no GPU on this machine: MegaMoE has no kernel to run, CUDA-graph attribution no graph to attribute
+    assert feats["megamoe"]["available"] is False and "no MegaMoE kernel" in feats["megamoe"]["why_unavailable"]
+    assert feats["cg_mem"]["available"] is False and "CUDA GPU" in feats["cg_mem"]["why_unavailable"]
+    assert feats["l3"]["available"] is True and feats["hugepages"]["available"] is True  # CPU-able
+    assert report["ok"] is True  # unavailable but not switched on: not a problem
+
+
+def test_every_problem_carries_a_fix(tmp_path):
+    proc = doctor("--json", "--log-cuda-graph-buffers", "--moe-a2a-backend", "megamoe",
+                  "--cp-l3-config", str(tmp_path / "none.toml"), env={"SGLANG_HUGEPAGE_SIZE": "3MB"})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    rep = json.loads(proc.stdout)
+    details = rep["problem_details"]
+    assert [d["problem"] for d in details] == rep["problems"] and len(details) >= 4
+    for d in details:
+        assert d["fix"].strip() and d["source"], d
+    by_source = {d["source"] for d in details}
+    assert {"plugin", "megamoe", "hostmem", "launch", "l3"} <= by_source, details
+    cg = next(d for d in details if "cg_mem" in d["problem"])
+    assert "--log-cuda-graph-buffers" in cg["fix"]
+    text = doctor("--log-cuda-graph-buffers", "--moe-a2a-backend", "megamoe").stdout
+    block = text.split("PROBLEMS:\n", 1)[1].splitlines()
+    assert len(block) >= 4 and all(
+        a.startswith("  - ") and b.startswith("    fix: ") for a, b in zip(block[::2], block[1::2])), block
+
+
+def test_sglang_arguments_are_checked_against_sglangs_choices():
+    proc = doctor("--json", "--moe-a2a-backend", "bogus")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rep = json.loads(proc.stdout)
+    (problem,) = rep["problems"]
+    assert problem.startswith("launch: argument --moe-a2a-backend: invalid choice: 'bogus' (choose from")
+    assert "'megamoe'" in problem  # SGLang's own list, as its parser words it
+    assert next(f for f in rep["features"] if f["name"] == "megamoe")["active"] is False
+
+
+def test_the_choices_are_sglangs_live_list_not_a_copy():
+    """A plugin may add choices through SGLang's own add_*_choices: doctor accepts what SGLang then accepts."""
+    from sglang.srt.arg_groups import choices
+    from sglang_glm_ext.plugin.doctor import _check_sglang_options, _Problems
+
+    def check(value):
+        problems = _Problems()
+        launch = {"moe_runner_backend": value}
+        _check_sglang_options(launch, problems)
+        return problems.texts(), launch
+
+    assert check("glm_ext_test_backend")[0]  # not a choice yet
+    if "glm_ext_test_backend" not in choices.MOE_RUNNER_BACKEND_CHOICES:
+        choices.add_moe_runner_backend_choices(["glm_ext_test_backend"])
+    try:
+        assert check("glm_ext_test_backend") == ([], {"moe_runner_backend": "glm_ext_test_backend"})
+    finally:
+        choices.MOE_RUNNER_BACKEND_CHOICES.remove("glm_ext_test_backend")
+
+
+# ---- a launch's whole command line ----
+
+def test_doctor_checks_exactly_the_arguments_of_a_launch_line(tmp_path):
+    from sglang_glm_ext.l3.config import write_example_config
+
+    cfg = write_example_config(str(tmp_path / "l3"))
+    proc = doctor("--json", "--", "python", "-m", "sglang.launch_server", "--model-path", "zai-org/GLM-5",
+                  "--tp", "8", "--enable-hierarchical-cache", "--enable-cp-l3", "--cp-l3-config", cfg,
+                  "--moe-a2a-backend", "megamoe", "--hicache-size", "100")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    rep = json.loads(proc.stdout)
+    assert rep["launch"]["entry"] == "python -m sglang.launch_server" and rep["launch"]["parsed"] is True
+    assert rep["launch"]["argv"][:2] == ["--model-path", "zai-org/GLM-5"]
+    feats = {f["name"]: f["active"] for f in rep["features"]}
+    assert feats["l3"] is True and feats["megamoe"] is True and feats["cg_mem"] is False
+    assert rep["l3"]["active"] is True and rep["l3"]["config"] == cfg
+    # the only problem: this CPU node runs no MegaMoE kernel (the L3 config and the arguments are fine)
+    (problem,) = rep["problems"]
+    assert problem.startswith("--moe-a2a-backend megamoe: no MegaMoE kernel can run on this node")
+    # the line's --hicache-size and tp reach the hugepage part (SGLANG_HUGEPAGE_SIZE unset: nothing to judge)
+    fit = rep["hardware"]["hugepages"]["fit"]
+    assert (fit["hicache_size_gb"], fit["ranks_per_node"], fit["fits"]) == (100, 8, None)
+    assert fit["ranks_source"] == "the launch: tp*pp*dp / nnodes"
+
+
+def test_a_launch_line_sglang_would_refuse_is_a_problem_with_sglangs_message(tmp_path):
+    proc = doctor("--json", "--", "SGLANG_HUGEPAGE_SIZE=3MB", "sglang", "serve", "zai-org/GLM-5",
+                  "--enable-hierarchical-cache", "--enable-cp-l3")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    rep = json.loads(proc.stdout)
+    assert rep["launch"]["env"] == {"SGLANG_HUGEPAGE_SIZE": "3MB"} and rep["launch"]["entry"] == "sglang serve"
+    texts = rep["problems"]
+    refused = [t for t in texts if t.startswith("launch refused: --enable-cp-l3 needs --cp-l3-config PATH")]
+    assert len(refused) == 1 and not any(t.startswith("--enable-cp-l3 needs") for t in texts), texts  # said once
+    assert any(t.startswith("hugepages: SGLANG_HUGEPAGE_SIZE='3MB'") for t in texts), texts  # the line's env
+    bad = doctor("--json", "--", "python3", "-m", "sglang.launch_server", "--model-path", "m",
+                 "--moe-a2a-backend", "bogus", "--no-such-flag")
+    rep = json.loads(bad.stdout)
+    assert bad.returncode == 1 and rep["launch"]["parsed"] is False
+    (problem,) = rep["problems"]
+    assert problem.startswith("launch: ") and ("bogus" in problem or "--no-such-flag" in problem)
+
+
+def test_a_launch_line_is_the_whole_launch_not_mixed_with_doctor_options():
+    mixed = doctor("--moe-a2a-backend", "megamoe", "--", "--model-path", "m")
+    assert mixed.returncode == 2 and "put them in the launch line" in mixed.stderr
+    other = doctor("--", "vllm", "serve", "m")
+    assert other.returncode == 2 and "cannot read 'vllm' as a launch" in other.stderr

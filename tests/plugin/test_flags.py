@@ -40,6 +40,8 @@ def test_help_lists_the_plugin_group(capsys):
     assert "sglang-glm-ext" in out
     for f in flags.FLAGS:
         assert f.cli in out
+    # a value flag shows its kind, as the README's flag table does, not the carrier's dest (GLM_EXT__CP_L3_CONFIG)
+    assert "--cp-l3-config PATH" in out and "GLM_EXT__" not in out
 
 
 def test_config_yaml_accepts_plugin_keys(tmp_path):

@@ -52,6 +52,7 @@ GLM5_PAGE = 64 * 78 * 656  # 3,274,752 B
 KIND = PayloadKind.TARGET_KV
 BATCH = 128
 LOAD_PAGE = 4096 - 128  # the smallest page: one 4 KiB slot
+EXIT_TARGET_MISSED = 3  # exit status when a row is FAIL (0: every target met; 1: crashed; 2: bad arguments)
 
 
 def _keys(n: int, salt: str) -> list[str]:
@@ -448,7 +449,8 @@ def _pass(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def render(results: list[dict], load: "dict | None", args) -> str:
+def render(results: list[dict], load: "dict | None", args, failed: "list[str] | None" = None) -> str:
+    """The table; each row marked FAIL is also appended to `failed` ("page metric")."""
     lines = [f"L3 bench: dir={args.dir} size={args.size_gb} GB/page-size repeats={args.repeats} "
              f"io_threads={args.io_threads} reload_threads={args.reload_threads} batch={args.batch_pages} "
              f"(median of repeats; a ratio is the median of each repeat's adjacent pair; CPU = user+sys of the process per "
@@ -458,6 +460,8 @@ def render(results: list[dict], load: "dict | None", args) -> str:
 
     def row(page, metric, a, b, ratio, target, ok):
         lines.append(f"{page:>9} | {metric:<40} | {a:>12} | {b:>12} | {ratio:>6} | {target:>7} | {ok}")
+        if ok == "FAIL" and failed is not None:
+            failed.append(f"{page} {metric.strip()} {ratio if ratio != '-' else a} (target {target})")
 
     for r in results:
         p = r["page_bytes"]
@@ -512,17 +516,19 @@ def add_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The bench's options; `sglang-glm-ext l3 bench` adds the same ones to its subcommand."""
     ap.add_argument("--dir", default="/tmp/l3_bench", help="directory on the disk under test")
     ap.add_argument("--size-gb", type=float, default=2.0, help="data per page size (GB); >= 2 for the record")
-    ap.add_argument("--page-bytes", type=int, nargs="+", default=[GLM5_PAGE, 2**20])
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--io-threads", type=int, default=4)
-    ap.add_argument("--reload-threads", type=int, default=4)
-    ap.add_argument("--batch-pages", type=int, default=32)
-    ap.add_argument("--staging-mb", type=int, default=256)
+    ap.add_argument("--page-bytes", type=int, nargs="+", default=[GLM5_PAGE, 2**20],
+                    help="page sizes to bench, in bytes (GLM-5's 64-token page, then 1 MiB)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per measurement; rows show medians")
+    ap.add_argument("--io-threads", type=int, default=4, help="[queues] io_threads, and the raw write's threads")
+    ap.add_argument("--reload-threads", type=int, default=4,
+                    help="[queues] reload_threads, and the raw read's threads")
+    ap.add_argument("--batch-pages", type=int, default=32, help="[queues] write_batch_pages")
+    ap.add_argument("--staging-mb", type=int, default=256, help="[queues] staging_bytes, in MiB")
     ap.add_argument("--load-pages", type=int, default=0,
                     help="also time a cold_start=load restart over this many live pages (0: skip; 100000+ for the "
                          "record)")
     ap.add_argument("--skip-throughput", action="store_true", help="only the --load-pages timing")
-    ap.add_argument("--skip-hicachefile", action="store_true")
+    ap.add_argument("--skip-hicachefile", action="store_true", help="leave out SGLang's HiCacheFile reference rows")
     ap.add_argument("--json", metavar="PATH", help="also write the raw results as JSON")
     return ap
 
@@ -538,10 +544,14 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(args.dir, exist_ok=True)
     results = [] if args.skip_throughput else [bench_page_size(p, args) for p in args.page_bytes]
     load = bench_load(args) if args.load_pages > 0 else None
-    print(render(results, load, args))
+    failed: list[str] = []
+    print(render(results, load, args, failed))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": results, "load": load}, f, indent=2)
+    if failed:  # exit 3: the bench ran and missed a target (1 is a crash, 2 bad arguments)
+        print(f"l3 bench: {len(failed)} target(s) missed on {args.dir}: " + "; ".join(failed), file=sys.stderr)
+        return EXIT_TARGET_MISSED
     return 0
 
 
