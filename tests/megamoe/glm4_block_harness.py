@@ -181,8 +181,23 @@ def main() -> None:
     rows = 5 if RANK == 0 else 3
     run("dp", rows, [5, 3][:WORLD])
     run("tp_no_global", 4, None)
+    # TopK returns the BYPASSED form only from its CUDA forward (a CPU dispatches to forward_native, which ignores
+    # the format): take the GPU's branch, and count the materialisations the hook does.
+    from sglang.srt.layers.moe import topk as topk_mod
+
     block.topk.topk_config.output_format = TopKOutputFormat.BYPASSED
-    run("bypassed", rows, [5, 3][:WORLD])
+    block.topk._forward_method = block.topk.forward_cuda
+    real_to_standard = topk_mod.BypassedTopKOutput.to_standard
+    materialised = []
+
+    def counting_to_standard(self, *a, **k):
+        materialised.append(1)
+        return real_to_standard(self, *a, **k)
+
+    with mock.patch.object(topk_mod.BypassedTopKOutput, "to_standard", counting_to_standard):
+        run("bypassed", rows, [5, 3][:WORLD])
+    results["bypassed_materialised"] = len(materialised)
+    block.topk._forward_method = None
     block.topk.topk_config.output_format = TopKOutputFormat.STANDARD
     run("empty_rank", 4 if RANK == 0 else 0, [4, 0][:WORLD])
     run("capture", rows, None, capture=True, alt_stream=object())
