@@ -99,6 +99,14 @@ def test_each_rank_output_equals_reference_with_no_all_reduce(ranks, run):
         assert entry["all_reduces"] == []
 
 
+def test_capture_overlaps_the_shared_expert_with_the_kernel_on_the_alt_stream(ranks):
+    # The kernel is launched inside the alternate stream after it waits for the current one; the current stream
+    # waits for it before the add (the output check above shows the rows are still right).
+    for res in ranks:
+        assert res["capture_stream_events"] == ["alt.wait(current)", "enter alt", "kernel", "leave alt",
+                                                "current.wait(alt)"]
+
+
 def test_bypassed_routing_is_materialised_once_per_forward(ranks):
     for res in ranks:
         assert res["bypassed_materialised"] == 1
