@@ -7,12 +7,14 @@ rank's experts (docs_internal/megamoe.md). What can miss, in SGLang 0.5.23:
 - a GLM architecture whose MoE block has no MegaMoE branch at all (`Glm4MoeLiteSparseMoeBlock`);
 - expert weights for which no MegaMoE builder exists on this SM (bf16 experts, experts excluded from
   quantisation, FP8 on SM100, NVFP4 / MXFP4 on SM90, any other method): the layer is never "ready";
-- a batch above SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK (SGLang's own budget check, which the hook
-  runs for GLM models, plus the decode bounds it leaves out, `decode_problems`);
+- a batch above SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK on any rank: `budget_problems` bounds each
+  rank's real largest prefill, decode, verify and draft batch (SGLang's own check divides a DP-attention chunk twice,
+  skips PP dynamic chunking and misses the eager-decode padding and the adaptive / top-k draft width);
+- GLM-4.x with redundant experts (its block builds none);
 - a deep_gemm without the kernel this SM needs.
 
-The hooks gather plain facts (`LaunchFacts`) from SGLang's resolved server arguments and the model config, and
-raise `MegaMoELaunchError` with every problem found.
+The hooks gather plain facts (`LaunchFacts`, `BudgetFacts`) from SGLang's resolved server arguments and the model
+config, and raise `MegaMoELaunchError` with every problem found, one line each naming the fix.
 """
 
 from __future__ import annotations

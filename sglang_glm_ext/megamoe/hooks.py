@@ -1,4 +1,4 @@
-"""The thin SGLang side of megamoe's GLM MoE layers: five hooks, declared in megamoe/patches.py (`megamoe.*`).
+"""The thin SGLang side of megamoe's GLM MoE layers: its hooks, declared in megamoe/patches.py (`megamoe.*`).
 
 Active only when SGLang's own a2a backend is megamoe (`get_moe_a2a_backend().is_megamoe()`, or the resolved
 `moe_a2a_backend` at argument resolution); otherwise every hook calls SGLang's code and changes nothing. The hooks
@@ -18,7 +18,11 @@ so the hooks and SGLang cannot disagree about a layer (after resolution the two 
   launches get SGLang's own token-budget check (its list covers other architectures) plus the refusals in
   `guard`, before serving.
 - `hook_load_check` (after `ModelRunner.load_model`): every GLM MoE layer has MegaMoE weights this GPU runs, and
-  every GLM-4 block plans; else the launch stops with the layer names.
+  every GLM-4 block plans; else the launch stops with the layer names. GLM-5 layers bound to TRTLLM's bypassed
+  routing get standard routing (the MegaMoE path reads topk_ids); FP4 MegaMoE layers are marked so SGLang refuses
+  online weight updates before writing (weight_update.py).
+- `hook_compat` / `hook_resolve_once`: SGLang's own megamoe refusal and the plugin's as one line each; a
+  command-line launch exits with them, no traceback.
 """
 
 from __future__ import annotations
