@@ -9,7 +9,11 @@ Prints one PASS / FAIL / SKIP line per check and a RESULT line; exit status 1 on
 Run (repo root, torch alone on the box): PYTHONPATH=.:/tmp/dg python3 scripts/gpu/megamoe_h200.py
   /tmp/dg: the sgl-deep-gemm and apache-tvm-ffi wheels unpacked (a wheel is a zip: `python3 -m zipfile -e W /tmp/dg`);
   without a deep_gemm that imports, the two kernel checks SKIP. `--device cpu` is the smoke run tests/megamoe runs.
-Last run (docs_internal/megamoe.md section 3): H200, torch 2.11.0+cu130, sgl-deep-gemm 0.1.5.post1 + apache-tvm-ffi
+Issue 22 added: the kernel after a weight update of some experts through the plugin's loader hook
+(weight_update.hook_weight_loader_impl around FusedMoE._load_w13's in-place write), and the shared expert overlapped
+with the kernel on an alternate stream (glm4.routed_plus_shared) vs one stream, under CUDA graphs: identical output
+and the time per block.
+Runs (docs_internal/megamoe.md section 3): H200, torch 2.11.0+cu130, sgl-deep-gemm 0.1.5.post1 + apache-tvm-ffi
 0.1.11 (the pinned 0.2.3.post2 is built for a newer torch than 2.11): RESULT: 7 PASS, 0 FAIL, 0 SKIP, 2026-12-01.
 """
 
@@ -24,7 +28,7 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_glm_ext.megamoe import glm4, routing, select, sm90_fp8
+from sglang_glm_ext.megamoe import glm4, routing, select, sm90_fp8, weight_update
 
 RESULTS: list[tuple[str, str, str]] = []
 
@@ -224,6 +228,162 @@ def _():
                     fast_math=True)
     torch.cuda.synchronize()
     return f"rel err vs FP8-activation reference {e_q:.3e}, vs exact {e:.3e}, vs stock-layout reading {wrong:.2f}"
+
+
+def _kernel(dg, buf, l1, l2, xd, kr, kw):
+    """One MegaMoE call exactly as SGLang 0.5.23's run_sm90_mega_routed makes it (layers/moe/mega_moe_sm90.py:56-84)."""
+    dg.mega_moe_pre_dispatch_sm90(xd, kr.topk_ids, kr.topk_weights, buf.x, buf.x_sf, buf.topk_idx,
+                                  buf.topk_weights, num_tokens=kw["num_tokens"], group_size=128,
+                                  routed_scaling_factor=kw["routed_scaling_factor"])
+    y = torch.empty((max(kw["num_tokens"], 1), kw["hidden_size"]), dtype=torch.bfloat16, device=xd.device)
+    dg.fp8_mega_moe(y, l1, l2, buf, recipe=(128, 128, 128), activation=kw["activation"],
+                    activation_clamp=kw["activation_clamp"], fast_math=True)
+    return y[:kw["num_tokens"]]
+
+
+@check("weights: fp8_mega_moe after a weight update of some experts (the plugin's loader hook) == new reference")
+def _():
+    if "buf" not in _STATE:
+        raise Skip("no symmetric buffer (previous check)")
+    dg, plan, buf = _STATE["dg"], _STATE["plan"], _STATE["buf"]
+    w13, s13, w2, s2 = glm_layer(e=16, h=512, i=256, seed=3)
+    new13, _, new2, _ = glm_layer(e=16, h=512, i=256, seed=4)
+    g = torch.Generator().manual_seed(8)
+    tokens = 96
+    x = torch.randn(tokens, 512, generator=g).to(torch.bfloat16)
+    w, ids = routing.glm_grouped_topk(torch.randn(tokens, 16, generator=g), torch.randn(16, generator=g) * 0.1,
+                                      top_k=8, num_expert_group=4, topk_group=2, renormalize=True)
+    kr = routing.kernel_routing(ids.to(DEV), w.to(DEV), num_tokens=tokens, top_k=plan.top_k,
+                                num_experts=plan.num_experts, routed_scaling_factor=plan.routed_scaling_factor,
+                                scale_fused_in_topk=plan.scale_fused_in_topk)
+    kw = glm4.runner_kwargs(plan, kr)
+    # As SGLang's builder leaves the layer: w13 interleaved in place; the kernel's tuple views that storage.
+    param = SimpleNamespace(data=sm90_fp8.interleave_gate_up(w13.to(DEV)).contiguous())
+    l1 = (param.data, s13.to(DEV).contiguous())
+    l2 = (w2.to(DEV).contiguous(), s2.to(DEV).contiguous())
+    layer = SimpleNamespace(_mega_moe_weights_built=True, _mega_moe_sm90_fp8_weights=True, w13_weight=param)
+
+    def sglang_load_w13(self, param, loaded, name, shard_id, expert_id):
+        # FusedMoE._load_w13 for a gated layer: w1 into rows [0, I), w3 into [I, 2I) of that expert, in place.
+        rows = param.data.shape[1] // 2
+        param.data[expert_id].narrow(0, 0 if shard_id == "w1" else rows, rows).copy_(loaded)
+
+    written = {1: ("w1", "w3"), 5: ("w1", "w3"), 9: ("w1", "w3"), 3: ("w1",)}  # expert 3: gate rows only
+    want = w13.clone()
+    for e, shards in written.items():
+        for shard in shards:
+            half = slice(0, 256) if shard == "w1" else slice(256, 512)
+            weight_update.hook_weight_loader_impl(sglang_load_w13, layer, param, new13[e][half].to(DEV),
+                                                  f"experts.{e}.{shard}.weight", shard, e)
+            want[e][half] = new13[e][half]
+    assert param.data.data_ptr() == l1[0].data_ptr()
+    assert torch.equal(param.data.view(torch.uint8).cpu(), sm90_fp8.interleave_gate_up(want).view(torch.uint8))
+    xd = x.to(DEV)
+    y = _kernel(dg, buf, l1, l2, xd, kr, kw)
+    torch.cuda.synchronize()
+    ref_q = sm90_fp8.reference_moe(x.float(), ids, w, want, s13, w2, s2, routed_scaling_factor=2.5,
+                                   w13_interleaved=False, quantize_activations=True)
+    e_new = rel(y, ref_q)
+    e_old = rel(y, sm90_fp8.reference_moe(x.float(), ids, w, w13, s13, w2, s2, routed_scaling_factor=2.5,
+                                          w13_interleaved=False, quantize_activations=True))
+    # Control: the same writes as 0.5.23 makes them (no relayout): plain rows inside the interleaved tensor.
+    stock = sm90_fp8.interleave_gate_up(w13.to(DEV)).contiguous()
+    for e, shards in written.items():
+        for shard in shards:
+            half = slice(0, 256) if shard == "w1" else slice(256, 512)
+            sglang_load_w13(None, SimpleNamespace(data=stock), new13[e][half].to(DEV), "", shard, e)
+    y_stock = _kernel(dg, buf, (stock, l1[1]), l2, xd, kr, kw)
+    torch.cuda.synchronize()
+    e_stock = rel(y_stock, ref_q)
+    assert e_new < 0.05 and e_old > 0.05 and e_stock > 0.05, (e_new, e_old, e_stock)
+    return (f"rel err vs the updated reference {e_new:.3e} (vs the old weights {e_old:.2f}); 0.5.23's in-place "
+            f"write without the relayout: {e_stock:.2f}")
+
+
+@check("overlap: GLM-4.5 block (H 5120, I 1536, 20 local experts, top-8), shared expert on the current stream "
+       "while fp8_mega_moe runs on an alternate one (glm4.routed_plus_shared) vs one stream: identical, time")
+def _():
+    if "dg" not in _STATE:
+        raise Skip("no deep_gemm (previous checks)")
+    import statistics
+    import torch.distributed as dist
+
+    dg = _STATE["dg"]
+    hid, inter, experts, topk, cap = 5120, 1536, 20, 8, 256
+    block = SimpleNamespace(
+        config=SimpleNamespace(num_experts_per_tok=topk, moe_intermediate_size=inter, hidden_size=hid,
+                               n_shared_experts=None, routed_scaling_factor=2.5),
+        experts=SimpleNamespace(num_experts=experts, intermediate_size_per_partition=inter,
+                                moe_runner_config=SimpleNamespace(swiglu_limit=None)),
+        layer_id=0, num_fused_shared_experts=0, shared_experts=None, tp_size=1)
+    plan = glm4.plan_block(block, scale_fused_in_topk=False, moe_ep_size=1, name="glm45")
+    buf = dg.get_symm_buffer_for_sm90_mega_moe(dist.group.WORLD, experts, cap, topk, hid, inter)
+    g = torch.Generator(device=DEV).manual_seed(11)
+    w13 = (torch.randn(experts, 2 * inter, hid, device=DEV, generator=g) * 0.02).to(torch.float8_e4m3fn)
+    w2 = (torch.randn(experts, hid, inter, device=DEV, generator=g) * 0.02).to(torch.float8_e4m3fn)
+    s13 = torch.rand(experts, 2 * inter // 128, hid // 128, device=DEV, generator=g) + 0.5
+    s2 = torch.rand(experts, hid // 128, inter // 128, device=DEV, generator=g) + 0.5
+    l1 = (sm90_fp8.interleave_gate_up(w13).contiguous(), s13)
+    l2 = (w2.contiguous(), s2)
+    sh_gu = torch.randn(2 * inter, hid, device=DEV, generator=g, dtype=torch.bfloat16) * 0.02
+    sh_dn = torch.randn(hid, inter, device=DEV, generator=g, dtype=torch.bfloat16) * 0.02
+    alt = torch.cuda.Stream()
+    lines = []
+    for tokens in (64, 256):
+        x = torch.randn(tokens, hid, device=DEV, generator=g, dtype=torch.bfloat16)
+        ids = torch.rand(tokens, experts, device=DEV, generator=g).topk(topk, dim=-1).indices.to(torch.int32)
+        wts = torch.rand(tokens, topk, device=DEV, generator=g)
+        kr = routing.KernelRouting(ids, wts, 2.5, topk, tokens)
+        kw = glm4.runner_kwargs(plan, kr)
+
+        def routed():
+            return _kernel(dg, buf, l1, l2, x, kr, kw)
+
+        def shared():  # Glm4MoeMLP: gate_up -> SiluAndMul -> down (bf16, replicated)
+            gu = torch.nn.functional.linear(x, sh_gu)
+            return torch.nn.functional.linear(torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:], sh_dn)
+
+        outs, graphs, mode = {}, {}, "CUDA graphs"
+        for name, stream in (("one", None), ("two", alt)):
+            for _ in range(2):  # warm-up (and JIT) outside capture
+                glm4.routed_plus_shared(routed, shared, stream)
+            torch.cuda.synchronize()
+            try:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    outs[name] = glm4.routed_plus_shared(routed, shared, stream)
+                graphs[name] = graph.replay
+            except Exception as exc:  # a kernel that cannot be captured: time it eagerly and say so
+                mode = f"eager (capture failed: {type(exc).__name__}: {str(exc)[:80]})"
+                torch.cuda.synchronize()
+                holder = {}
+
+                def eager(stream=stream, holder=holder, name=name):
+                    outs[name] = glm4.routed_plus_shared(routed, shared, stream)
+                graphs[name] = eager
+        same = []
+        for name in ("one", "two", "one"):
+            graphs[name]()
+            torch.cuda.synchronize()
+            same.append(outs[name].clone())
+        assert torch.equal(same[0], same[2]), "one-stream replays differ from each other"
+        identical = torch.equal(same[0], same[1])
+        assert identical, "two-stream output differs from one-stream"
+        times = {"one": [], "two": []}
+        for _ in range(7):  # alternate A/B rounds
+            for name in ("one", "two"):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(100):
+                    graphs[name]()
+                end.record()
+                torch.cuda.synchronize()
+                times[name].append(start.elapsed_time(end) * 1000 / 100)  # us per block
+        one, two = statistics.median(times["one"]), statistics.median(times["two"])
+        lines.append(f"{tokens} tok ({mode}): one {one:.1f} us, two {two:.1f} us, saved {one - two:.1f} us "
+                     f"({100 * (one - two) / one:.1f}%), identical={identical}, "
+                     f"rounds one {[round(t, 1) for t in times['one']]} two {[round(t, 1) for t in times['two']]}")
+    return "; ".join(lines)
 
 
 n_fail = sum(s == "FAIL" for s, _, _ in RESULTS)

@@ -34,8 +34,9 @@ RETIRED_MEGA_MOE_USE_FP4_ACTS = EnvVar(
 )
 RETIRED_ENV_VARS = (RETIRED_USE_DEEPGEMM_MEGA_MOE, RETIRED_MEGA_MOE_USE_FP4_ACTS)
 
-# SGLang's own switch: `--moe-runner-backend megamoe` is its alias (arg_groups/mega_moe_hook.py:259-276).
-SGLANG_ARGS = ("moe_a2a_backend", "moe_runner_backend")
+# SGLang's own switch: `--moe-runner-backend megamoe` is its alias (arg_groups/mega_moe_hook.py:259-276). The last
+# two are not switches: doctor takes them too, to state what the replicated GLM-4.x shared expert costs per GPU.
+SGLANG_ARGS = ("moe_a2a_backend", "moe_runner_backend", "model_path", "tp_size")
 
 
 def megamoe_requested(server_args: Any) -> bool:

@@ -12,7 +12,7 @@ under megamoe) and added to the kernel's fully combined rows by the hook, with n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .routing import KernelRouting
 
@@ -94,3 +94,84 @@ def runner_kwargs(plan: BlockPlan, routing: KernelRouting) -> dict[str, Any]:
         "shared_l2_weights": None,
         "routing_in_buffer": False,
     }
+
+
+def routed_plus_shared(routed: Callable[[], Any], shared: Optional[Callable[[], Any]],
+                       alt_stream: Optional[Any] = None) -> Any:
+    """The block's output: the MegaMoE kernel's complete rows + the replicated shared expert on the same rows.
+
+    With `alt_stream` (CUDA-graph capture, as SGLang's DeepSeek MegaMoE path does, layers/moe/mega_moe.py:217-245):
+    the kernel runs on the alternate stream while the shared expert runs on the current one; the current stream
+    waits for the kernel before the add. The same ops in the same order either way, so the result is bit-identical
+    (scripts/gpu/megamoe_h200.py checks this and times both on an H200)."""
+    if shared is None:
+        return routed()
+    if alt_stream is None:
+        shared_out = shared()
+        y = routed()
+    else:
+        import torch
+
+        current = torch.cuda.current_stream()
+        alt_stream.wait_stream(current)
+        with torch.cuda.stream(alt_stream):
+            y = routed()
+        shared_out = shared()
+        current.wait_stream(alt_stream)
+    y.add_(shared_out)
+    return y
+
+
+# ---------------------------------------------------------------- what the replicated shared expert costs
+
+# Public GLM-4.x shapes (config.json of the released checkpoints): hidden, moe_intermediate, shared experts,
+# layers, dense layers first, quantisation of the shared expert.
+KNOWN_GLM4 = {
+    "GLM-4.5 / GLM-4.6 FP8": dict(hidden_size=5120, moe_intermediate_size=1536, n_shared_experts=1,
+                                  num_hidden_layers=92, first_k_dense_replace=3,
+                                  quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}),
+    "GLM-4.5-Air FP8": dict(hidden_size=4096, moe_intermediate_size=1408, n_shared_experts=1, num_hidden_layers=46,
+                            first_k_dense_replace=1,
+                            quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}),
+}
+
+
+@dataclass(frozen=True)
+class SharedExpertCost:
+    """GPU memory of a GLM-4.x model's shared experts, per GPU. Under megamoe the plugin replicates them (full
+    weights on every rank, so the kernel's complete rows need no all-reduce); TP sharding would hold 1/tp each."""
+
+    moe_layers: int
+    bytes_per_layer: int
+    replicated_bytes: int  # per GPU, as the plugin builds it under megamoe
+    tp_size: int
+    tp_sharded_bytes: int  # per GPU, if sharded over tp_size ranks (what 0.5.23 builds, and cannot sum)
+    weight_format: str
+
+    @property
+    def extra_bytes(self) -> int:
+        return self.replicated_bytes - self.tp_sharded_bytes
+
+
+def shared_expert_cost(config: Any, tp_size: int = 1) -> Optional[SharedExpertCost]:
+    """From a GLM-4.x config (a mapping or an object with the HF fields). None when it has no separate shared
+    expert. MoE layers are the layers after `first_k_dense_replace` (the MTP layer, built only for speculative
+    decoding, adds one more)."""
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    n_shared = int(get("n_shared_experts", 0) or 0)
+    if not n_shared:
+        return None
+    hidden, inter = int(get("hidden_size")), int(get("moe_intermediate_size")) * n_shared
+    layers = int(get("num_hidden_layers")) - int(get("first_k_dense_replace", 0) or 0)
+    params = 3 * hidden * inter  # gate_up [2I, H] + down [H, I]
+    qc = get("quantization_config", None) or {}
+    block = qc.get("weight_block_size") if isinstance(qc, dict) else None
+    if isinstance(qc, dict) and qc.get("quant_method") == "fp8" and block:
+        bn, bk = (int(b) for b in block)
+        scales = (-(-2 * inter // bn) * -(-hidden // bk) + -(-hidden // bn) * -(-inter // bk)) * 4  # fp32
+        per_layer, fmt = params + scales, f"FP8, {bn}x{bk} block scales"
+    else:
+        per_layer, fmt = 2 * params, "bf16"
+    tp = max(int(tp_size or 1), 1)
+    replicated = per_layer * layers
+    return SharedExpertCost(layers, per_layer, replicated, tp, -(-replicated // tp), fmt)

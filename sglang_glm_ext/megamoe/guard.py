@@ -7,12 +7,14 @@ rank's experts (docs_internal/megamoe.md). What can miss, in SGLang 0.5.23:
 - a GLM architecture whose MoE block has no MegaMoE branch at all (`Glm4MoeLiteSparseMoeBlock`);
 - expert weights for which no MegaMoE builder exists on this SM (bf16 experts, experts excluded from
   quantisation, FP8 on SM100, NVFP4 / MXFP4 on SM90, any other method): the layer is never "ready";
-- a batch above SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK (SGLang's own budget check, which the hook
-  runs for GLM models, plus the decode bounds it leaves out, `decode_problems`);
+- a batch above SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK on any rank: `budget_problems` bounds each
+  rank's real largest prefill, decode, verify and draft batch (SGLang's own check divides a DP-attention chunk twice,
+  skips PP dynamic chunking and misses the eager-decode padding and the adaptive / top-k draft width);
+- GLM-4.x with redundant experts (its block builds none);
 - a deep_gemm without the kernel this SM needs.
 
-The hooks gather plain facts (`LaunchFacts`) from SGLang's resolved server arguments and the model config, and
-raise `MegaMoELaunchError` with every problem found.
+The hooks gather plain facts (`LaunchFacts`, `BudgetFacts`) from SGLang's resolved server arguments and the model
+config, and raise `MegaMoELaunchError` with every problem found, one line each naming the fix.
 """
 
 from __future__ import annotations
@@ -134,41 +136,168 @@ def excluded_moe_layers(hf_quant_config: Optional[Mapping[str, Any]]) -> dict[in
     return out
 
 
-# ---------------------------------------------------------------- token budget: what SGLang's check leaves out
+# ---------------------------------------------------------------- token budget: each rank's real largest batch
 
-def decode_problems(*, cap: int, max_running_requests: Optional[int], attn_dp_size: int, tp_size: int,
-                    tokens_per_request: int, disaggregation_mode: str, enable_mixed_chunk: bool,
-                    chunked_prefill_size: Optional[int]) -> list[str]:
-    """SGLang's `validate_mega_moe_token_budget` (arg_groups/mega_moe_hook.py:161-256) bounds decode by the
-    largest CUDA-graph bucket, min'ed with the request cap (:94-106). A decode batch above the largest bucket runs
-    eagerly with up to max_running_requests / attn_dp_size requests, so that product is the real bound; with
-    --enable-mixed-chunk a prefill chunk also carries the running decode tokens."""
-    if disaggregation_mode == "prefill":
-        return []
-    if max_running_requests is None:
-        return [
-            "--max-running-requests is not set, so nothing bounds an eager decode batch; set it to at most "
-            f"{cap // max(tokens_per_request, 1) * max(attn_dp_size, 1)} (cap {cap} tokens per rank / "
-            f"{tokens_per_request} tokens per request x {attn_dp_size} DP ranks)"
-        ]
-    per_rank = -(-max_running_requests // max(attn_dp_size, 1))
-    decode_tokens = per_rank * tokens_per_request
-    problems = []
-    if decode_tokens > cap:
-        problems.append(
-            f"a decode batch can carry {per_rank} requests x {tokens_per_request} tokens = {decode_tokens} tokens "
-            f"per rank (--max-running-requests {max_running_requests} over {attn_dp_size} DP ranks), above the cap "
-            f"{cap}; lower --max-running-requests to {cap // tokens_per_request * attn_dp_size} or raise "
-            "SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK"
-        )
-    if enable_mixed_chunk and chunked_prefill_size and disaggregation_mode != "decode":
-        chunk = -(-chunked_prefill_size // max(attn_dp_size, 1))
-        if chunk + decode_tokens > cap:
-            problems.append(
-                f"--enable-mixed-chunk: a prefill chunk ({chunk}) plus the running decode tokens ({decode_tokens}) "
-                f"can reach {chunk + decode_tokens} tokens per rank, above the cap {cap}"
-            )
+CAP_ENV = "SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK"
+
+
+def ceil_align(n: int, a: int) -> int:
+    a = max(int(a), 1)
+    return -(-int(n) // a) * a
+
+
+@dataclass(frozen=True)
+class BudgetFacts:
+    """What bounds the token count a GLM MoE layer's MegaMoE gate compares with the cap, read from SGLang's
+    resolved arguments by the launch hook (`hooks.budget_facts`). The gate compares `max(get_dp_global_num_tokens())`
+    (each DP rank's padded batch) or, under DSA prefill CP, the rank's own rows (mega_moe.py:186-191)."""
+
+    cap: int
+    disaggregation_mode: str = "null"  # null | prefill | decode
+    # Prefill. `chunked_prefill_size` is SGLang's resolved value: already per DP rank (parallel_hook.py:327-331
+    # divides the operator's value by attn_dp_size); `chunk_asked` is the operator's --chunked-prefill-size.
+    chunked_prefill_size: Optional[int] = None
+    chunk_asked: Optional[int] = None
+    # SGLang's `overrides.max_prefill_buffer_tokens`: the chunk, or under PP dynamic chunking
+    # max(chunk, --max-prefill-tokens, 1.25 x chunk) (the dynamic sizer grows chunks towards the former).
+    prefill_ceiling: int = 0
+    dynamic_chunking: bool = False  # --pp-size > 1 with --enable-dynamic-chunking
+    max_prefill_tokens: Optional[int] = None
+    prefill_graph_bs: tuple[int, ...] = ()  # captured prefill CUDA-graph sizes; () when prefill graphs are off
+    enable_prefill_cp: bool = False  # DSA prefill context parallelism: the gate reads the rank's own rows
+    attn_cp_size: int = 1
+    # Parallel widths.
+    tp_size: int = 1
+    attn_tp_size: int = 1
+    attn_dp_size: int = 1
+    # Decode / verify / draft.
+    max_running_requests: Optional[int] = None  # the operator's (global) request cap
+    speculative: Optional[str] = None  # the algorithm, None without speculative decoding
+    num_draft_tokens: int = 1  # the largest draft width speculative decoding may use (adaptive included)
+    static_draft_tokens: int = 1  # --speculative-num-draft-tokens
+    eagle_topk: int = 1
+    num_steps: int = 0
+    multi_layer_eagle: bool = False
+    frozen_kv_mtp: bool = False
+
+
+def per_worker_requests(f: BudgetFacts) -> int:
+    """Requests one DP rank's scheduler runs at once: max(1, --max-running-requests // attn_dp_size)
+    (`KVCacheConfigurator.resolve_max_num_reqs`, mem_cache/kv_cache_configurator.py:3126-3129)."""
+    return max(1, int(f.max_running_requests) // max(f.attn_dp_size, 1))
+
+
+def eager_batch(requests: int, f: BudgetFacts) -> int:
+    """SGLang's `get_eager_max_batch_size` (utils/common.py:4188-4195) under megamoe, where MLP sync is always on
+    (a2a backend not none: require_attn_tp_gather): aligned to attention TP, then to the CP padding (attn_cp_size,
+    twice that for zigzag CP; the larger is taken). The largest decode CUDA-graph bucket is at most the request
+    pool aligned to attention TP (`get_batch_sizes_to_capture`), so it is never above this."""
+    cp_align = 2 * f.attn_cp_size if f.attn_cp_size > 1 else 1
+    return ceil_align(ceil_align(requests, f.attn_tp_size), cp_align)
+
+
+def decode_width(f: BudgetFacts) -> tuple[int, str]:
+    """Rows per request of the widest decode-time forward (target verify, draft decode, draft extend) and why:
+    EagerRunner's num_tokens_per_req (model_executor/runner/eager_runner.py:88-104): the target verifies
+    max_speculative_num_draft_tokens rows (adaptive speculative decoding sizes to its largest state,
+    spec_info.py:268-289); the draft worker runs max(top-k, draft tokens, 2 x steps with multi-layer EAGLE)."""
+    if not f.speculative:
+        return 1, "1 token per request"
+    width, why = f.num_draft_tokens, f"--speculative-num-draft-tokens {f.static_draft_tokens}"
+    if f.num_draft_tokens > f.static_draft_tokens:
+        why = (f"adaptive speculative decoding can grow to {f.num_draft_tokens} draft tokens "
+               "(--speculative-adaptive-config's largest candidate step + 1)")
+    if f.eagle_topk > width:
+        width, why = f.eagle_topk, f"the draft model decodes --speculative-eagle-topk {f.eagle_topk} rows per request"
+    if f.multi_layer_eagle and 2 * f.num_steps > width:
+        width, why = 2 * f.num_steps, f"multi-layer EAGLE runs 2 x --speculative-num-steps {f.num_steps} rows"
+    return width, why
+
+
+def budget_problems(f: BudgetFacts) -> list[str]:
+    """Every batch SGLang's scheduler bounds allow on one rank that would exceed the cap, each with the flag to
+    change. [] when every prefill, decode, verify and draft batch fits."""
+    problems: list[str] = []
+    cap = f.cap
+    if f.disaggregation_mode != "decode":
+        chunk = f.chunked_prefill_size
+        if chunk is None or chunk <= 0:
+            problems.append(f"chunked prefill is off (--chunked-prefill-size {f.chunk_asked}), so nothing bounds a "
+                            f"prefill batch; set --chunked-prefill-size to at most {cap * max(f.attn_dp_size, 1)}")
+        else:
+            problems.extend(_prefill_problems(f, chunk))
+    if f.disaggregation_mode != "prefill":
+        problems.extend(_decode_problems(f))
     return problems
+
+
+def _prefill_problems(f: BudgetFacts, chunk: int) -> list[str]:
+    cap, dp = f.cap, max(f.attn_dp_size, 1)
+    ceiling = max(int(f.prefill_ceiling or 0), chunk)
+    if f.enable_prefill_cp and f.attn_cp_size > 1:
+        tokens, how = -(-ceiling // f.attn_cp_size), f"over {f.attn_cp_size} prefill-CP ranks"
+    else:
+        tokens = ceil_align(ceiling, f.attn_tp_size)
+        how = f"padded to a multiple of attention TP {f.attn_tp_size}" if tokens != ceiling else ""
+        over = [b for b in f.prefill_graph_bs if b >= tokens]
+        if over and min(over) > tokens:
+            tokens, how = min(over), f"padded to the prefill CUDA-graph size {min(over)}"
+    if tokens <= cap:
+        return []
+    source = f"--chunked-prefill-size {f.chunk_asked if f.chunk_asked is not None else chunk}"
+    if dp > 1:
+        source += f" over {dp} DP ranks = {chunk} per rank"
+    if f.dynamic_chunking and ceiling > chunk:
+        return [f"with --pp-size > 1 and --enable-dynamic-chunking a prefill chunk can grow to {ceiling} tokens per "
+                f"rank (max of the chunk, --max-prefill-tokens {f.max_prefill_tokens} and 1.25 x the chunk), above "
+                f"the cap {cap}; drop --enable-dynamic-chunking, or lower --max-prefill-tokens and "
+                f"--chunked-prefill-size to {_max_chunk(f, 4 * cap // 5) // dp * dp or dp} tokens, or raise "
+                f"{CAP_ENV} to {tokens}"]
+    fix = _max_chunk(f, cap)
+    lower = (f"lower --chunked-prefill-size to {fix}" if fix > 0 else "no --chunked-prefill-size fits")
+    return [f"a prefill batch can reach {tokens} tokens per rank ({source}{', ' + how if how else ''}), above the "
+            f"cap {cap}; {lower} or raise {CAP_ENV} to {tokens}"]
+
+
+def _max_chunk(f: BudgetFacts, cap: int) -> int:
+    """The largest operator --chunked-prefill-size whose per-rank batch fits `cap` (graph padding aside)."""
+    dp = max(f.attn_dp_size, 1)
+    if f.enable_prefill_cp and f.attn_cp_size > 1:
+        return cap * f.attn_cp_size
+    return (cap // max(f.attn_tp_size, 1)) * max(f.attn_tp_size, 1) * dp
+
+
+def _decode_problems(f: BudgetFacts) -> list[str]:
+    cap, dp = f.cap, max(f.attn_dp_size, 1)
+    width, why = decode_width(f)
+    lcm_align = _lcm(f.attn_tp_size, 2 * f.attn_cp_size if f.attn_cp_size > 1 else 1)
+    fit_per_worker = (cap // width) // lcm_align * lcm_align
+    if f.max_running_requests is None:
+        return [f"--max-running-requests is not set, so nothing bounds a decode batch; set it to at most "
+                f"{fit_per_worker * dp} (cap {cap} tokens per rank / {width} per request ({why}) x {dp} DP ranks)"
+                if fit_per_worker else
+                f"--max-running-requests is not set, and even one request per rank ({why}) exceeds the cap {cap}; "
+                f"raise {CAP_ENV}"]
+    per_worker = per_worker_requests(f)
+    bs = eager_batch(per_worker, f)
+    if f.frozen_kv_mtp and f.eagle_topk > 1:  # the draft batch is expanded by top-k on the bs axis
+        bs, why = bs * f.eagle_topk, why + f"; frozen-KV MTP expands the draft batch by top-k {f.eagle_topk}"
+    tokens = ceil_align(bs * width, f.attn_tp_size)
+    if tokens <= cap:
+        return []
+    padded = f", padded to {bs} (a multiple of attention TP {f.attn_tp_size})" if bs != per_worker else ""
+    fix = (f"lower --max-running-requests to {fit_per_worker * dp}" if fit_per_worker
+           else "no --max-running-requests fits")
+    return [f"a decode batch can carry {per_worker} requests per rank (--max-running-requests "
+            f"{f.max_running_requests} over {dp} DP ranks{padded}) x {width} tokens ({why}) = {tokens} tokens, above "
+            f"the cap {cap}; {fix} or raise {CAP_ENV} to {tokens}"]
+
+
+def _lcm(a: int, b: int) -> int:
+    import math
+
+    a, b = max(int(a), 1), max(int(b), 1)
+    return a * b // math.gcd(a, b)
 
 
 # ---------------------------------------------------------------- the launch check
@@ -186,7 +315,8 @@ class LaunchFacts:
     deep_gemm_api: frozenset[str]  # public names of the importable deep_gemm, empty when it does not import
     deep_gemm_error: str = ""
     retired_env: Mapping[str, str] = field(default_factory=dict)  # retired names that are set -> their value
-    decode: tuple[str, ...] = ()  # decode_problems(...) for this launch
+    budget: tuple[str, ...] = ()  # budget_problems(...) for this launch
+    ep_num_redundant_experts: int = 0
 
 
 SM90_KERNEL_API = frozenset({"fp8_mega_moe", "mega_moe_pre_dispatch_sm90", "get_symm_buffer_for_mega_moe"})
@@ -230,13 +360,30 @@ def check_launch(f: LaunchFacts) -> list[str]:
         kp = kernel_api_problem(f.sm, f.deep_gemm_api, f.deep_gemm_error)
         if kp:
             problems.append(kp)
-    problems.extend(f.decode)
+    if f.ep_num_redundant_experts > 0 and f.arch in GLM4_BLOCK_ARCHS:
+        # SGLang sizes the expert location map for logical + redundant experts (eplb/expert_location.py:236) and
+        # DeepseekV2MoE builds that many (deepseek_v2.py:750-755), but Glm4MoeSparseMoeBlock builds only the
+        # routed ones (glm4_moe.py:436-446): TopK would route to physical ids no rank holds.
+        problems.append(f"--ep-num-redundant-experts {f.ep_num_redundant_experts}: SGLang 0.5.23's GLM-4 MoE block "
+                        "builds no redundant expert slots, so tokens would be routed to experts no rank holds; set "
+                        "--ep-num-redundant-experts 0 (EPLB without redundant experts still rebalances)")
+    problems.extend(f.budget)
     return problems
 
 
+PREFIX = "sglang-glm-ext megamoe"
+
+
 def launch_message(arch: str, problems: list[str]) -> str:
-    return (f"sglang-glm-ext megamoe: {arch} with --moe-a2a-backend megamoe would return wrong tokens or fail on "
-            "some batch, so the launch is refused:\n  - " + "\n  - ".join(problems))
+    """One line per refusal, each naming the fix (as the plugin's other launch refusals are)."""
+    return "\n".join(f"{PREFIX}: {arch}: {p}" for p in problems)
+
+
+def retired_message(retired: Mapping[str, str]) -> str:
+    """The fork's switches set on a launch that did not ask for megamoe: they do nothing, so say what replaces
+    them (and nothing about megamoe's results)."""
+    return "\n".join(f"sglang-glm-ext: {n}={v!r} is a retired fork switch that SGLang 0.5.23 ignores; unset it "
+                     f"(use {RETIRED_ENV[n]})" for n, v in retired.items())
 
 
 # ---------------------------------------------------------------- load-time readiness (per layer)

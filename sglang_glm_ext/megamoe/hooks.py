@@ -1,4 +1,4 @@
-"""The thin SGLang side of megamoe's GLM MoE layers: five hooks, declared in megamoe/patches.py (`megamoe.*`).
+"""The thin SGLang side of megamoe's GLM MoE layers: its hooks, declared in megamoe/patches.py (`megamoe.*`).
 
 Active only when SGLang's own a2a backend is megamoe (`get_moe_a2a_backend().is_megamoe()`, or the resolved
 `moe_a2a_backend` at argument resolution); otherwise every hook calls SGLang's code and changes nothing. The hooks
@@ -18,7 +18,11 @@ so the hooks and SGLang cannot disagree about a layer (after resolution the two 
   launches get SGLang's own token-budget check (its list covers other architectures) plus the refusals in
   `guard`, before serving.
 - `hook_load_check` (after `ModelRunner.load_model`): every GLM MoE layer has MegaMoE weights this GPU runs, and
-  every GLM-4 block plans; else the launch stops with the layer names.
+  every GLM-4 block plans; else the launch stops with the layer names. GLM-5 layers bound to TRTLLM's bypassed
+  routing get standard routing (the MegaMoE path reads topk_ids); FP4 MegaMoE layers are marked so SGLang refuses
+  online weight updates before writing (weight_update.py).
+- `hook_compat` / `hook_resolve_once`: SGLang's own megamoe refusal and the plugin's as one line each; a
+  command-line launch exits with them, no traceback.
 """
 
 from __future__ import annotations
@@ -140,13 +144,19 @@ def forward_mega(block: Any, hidden_states: torch.Tensor) -> torch.Tensor:
         routed_scaling_factor=plan.routed_scaling_factor, scale_fused_in_topk=plan.scale_fused_in_topk,
         device=hidden_states.device,
     )
-    shared = block.shared_experts(hidden_states) if plan.has_separate_shared and num_tokens > 0 else None
-    # Every rank calls the kernel, with 0 rows too: it is a collective over the EP group.
-    y = _mega().run_mega_routed_experts(
-        block.experts, hidden_states, kr.topk_ids, kr.topk_weights, **glm4.runner_kwargs(plan, kr))
-    if shared is not None:
-        y.add_(shared)  # replicated expert on this rank's own rows: the layer boundary owes no sum (complete)
-    return y
+    mm = _mega()
+
+    def routed():  # every rank calls the kernel, with 0 rows too: it is a collective over the EP group
+        return mm.run_mega_routed_experts(
+            block.experts, hidden_states, kr.topk_ids, kr.topk_weights, **glm4.runner_kwargs(plan, kr))
+
+    # The replicated expert on this rank's own rows, added to the kernel's complete rows: the layer boundary owes
+    # no sum. Under CUDA-graph capture with the block's alternate stream it overlaps the kernel, as SGLang's
+    # DeepSeek MegaMoE path does (mega_moe.py:217-245): measured on an H200, 2.1-4.2 % of the block at 64-256
+    # tokens, bit-identical output (docs_internal/megamoe.md section 3).
+    shared = (lambda: block.shared_experts(hidden_states)) if plan.has_separate_shared and num_tokens > 0 else None
+    overlap = shared is not None and block.alt_stream is not None and bool(mm.get_is_capture_mode())
+    return glm4.routed_plus_shared(routed, shared, block.alt_stream if overlap else None)
 
 
 # ---------------------------------------------------------------- GLM-5.x (DeepseekV2MoE)
@@ -187,9 +197,58 @@ def retired_env() -> dict[str, str]:
     return {n: os.environ[n] for n in guard.RETIRED_ENV if os.environ.get(n, "") not in ("", "0")}
 
 
-def launch_facts(cfg: Any, model_config: Any, arch: str, *, sm: Optional[int], api: frozenset, api_error: str,
-                 cap: int) -> guard.LaunchFacts:
-    tokens_per_request = (cfg.speculative_num_draft_tokens or 1) if cfg.speculative_algorithm else 1
+def budget_facts(server_args: Any, cfg: Any, cap: int) -> guard.BudgetFacts:
+    """The facts `guard.budget_problems` reads, from SGLang's resolving view (the hook runs after speculative
+    resolution, so draft widths are final) and SGLang's own helpers for the two bounds it computes itself: the
+    prefill ceiling (`overrides.max_prefill_buffer_tokens`, PP dynamic chunking included) and the largest draft
+    width (`overrides.max_speculative_num_draft_tokens`, adaptive speculative decoding included)."""
+    ov = _mod("sglang.srt.arg_groups.overrides")
+    rc = _mod("sglang.srt.runtime_context")
+    graphs = cfg.cuda_graph_config
+    prefill_bs: tuple[int, ...] = ()
+    if graphs is not None and str(getattr(graphs.prefill, "backend", "disabled")) != "disabled":
+        prefill_bs = tuple(int(b) for b in (graphs.prefill.bs or ()))
+    algo = cfg.speculative_algorithm
+    max_draft = static_draft = 1
+    frozen = False
+    if algo:
+        static_draft = int(cfg.speculative_num_draft_tokens or 1)
+        max_draft = int(ov.max_speculative_num_draft_tokens(server_args) or static_draft)
+        try:
+            frozen = bool(_mod("sglang.srt.speculative.spec_info").SpeculativeAlgorithm.from_string(
+                algo).is_frozen_kv_mtp())
+        except Exception:  # an algorithm name this SGLang does not know: its own resolution refuses it
+            frozen = False
+    dp = int(cfg.attn_dp_size or 1) if rc.attn_dp_enabled_of(cfg) else 1
+    chunk = cfg.chunked_prefill_size
+    asked = getattr(server_args, "chunked_prefill_size", None)  # the record keeps the operator's input
+    return guard.BudgetFacts(
+        cap=cap,
+        disaggregation_mode=str(cfg.disaggregation_mode),
+        chunked_prefill_size=chunk,
+        chunk_asked=asked if asked is not None else (chunk * dp if chunk else chunk),
+        prefill_ceiling=int(ov.max_prefill_buffer_tokens(server_args) or 0) if chunk and chunk > 0 else 0,
+        dynamic_chunking=bool(cfg.enable_dynamic_chunking and int(cfg.pp_size or 1) > 1),
+        max_prefill_tokens=cfg.max_prefill_tokens,
+        prefill_graph_bs=prefill_bs,
+        enable_prefill_cp=bool(getattr(cfg, "enable_prefill_cp", False)),
+        attn_cp_size=int(getattr(cfg, "attn_cp_size", 1) or 1),
+        tp_size=int(cfg.tp_size),
+        attn_tp_size=int(rc.attn_tp_size_of(cfg)),
+        attn_dp_size=dp,
+        max_running_requests=cfg.max_running_requests,
+        speculative=str(algo) if algo else None,
+        num_draft_tokens=max_draft,
+        static_draft_tokens=static_draft,
+        eagle_topk=int(cfg.speculative_eagle_topk or 1) if algo else 1,
+        num_steps=int(cfg.speculative_num_steps or 0) if algo else 0,
+        multi_layer_eagle=bool(getattr(cfg, "enable_multi_layer_eagle", False)),
+        frozen_kv_mtp=frozen,
+    )
+
+
+def launch_facts(server_args: Any, cfg: Any, model_config: Any, arch: str, *, sm: Optional[int], api: frozenset,
+                 api_error: str, cap: int) -> guard.LaunchFacts:
     hf_config = model_config.hf_config
     text_config = getattr(hf_config, "text_config", None) or hf_config
     return guard.LaunchFacts(
@@ -204,60 +263,106 @@ def launch_facts(cfg: Any, model_config: Any, arch: str, *, sm: Optional[int], a
         deep_gemm_api=api,
         deep_gemm_error=api_error,
         retired_env=retired_env(),
-        decode=tuple(guard.decode_problems(
-            cap=cap, max_running_requests=cfg.max_running_requests, attn_dp_size=int(cfg.attn_dp_size or 1),
-            tp_size=int(cfg.tp_size), tokens_per_request=int(tokens_per_request),
-            disaggregation_mode=str(cfg.disaggregation_mode), enable_mixed_chunk=bool(cfg.enable_mixed_chunk),
-            chunked_prefill_size=cfg.chunked_prefill_size,
-        )),
+        budget=tuple(guard.budget_problems(budget_facts(server_args, cfg, cap))),
+        ep_num_redundant_experts=int(getattr(cfg, "ep_num_redundant_experts", 0) or 0),
     )
 
 
 def hook_token_budget(original: Callable, server_args, *args, **kwargs):
     """AROUND arg_groups.mega_moe_hook.validate_mega_moe_token_budget_for_model (runs after speculative
     resolution, so draft-token counts are final). Invariant: a GLM launch under megamoe passes only when every
-    batch of every layer can take the MegaMoE kernel; anything else is one MegaMoELaunchError listing why."""
-    original(server_args, *args, **kwargs)
+    batch of every layer can take the MegaMoE kernel; anything else is one MegaMoELaunchError, a line per reason.
+
+    For GLM models SGLang's own budget check (which runs here only for NVFP4 checkpoints) is superseded by
+    `guard.budget_problems`: it divides a DP-attention chunk by dp a second time, skips PP dynamic chunking, and
+    bounds decode by the graph bucket alone (no eager padding, no adaptive or top-k draft width)."""
     retired = retired_env()
     ov = _mod("sglang.srt.arg_groups.overrides")
     cfg = ov.resolving_view(server_args)
     if cfg.moe_a2a_backend != "megamoe":
         if retired:
-            raise guard.MegaMoELaunchError(guard.launch_message("this launch", [
-                f"{n}={v!r} is retired and does nothing in SGLang 0.5.23; use {guard.RETIRED_ENV[n]}"
-                for n, v in retired.items()]))
-        return None
-    if cfg.encoder_only:
-        return None
+            raise guard.MegaMoELaunchError(guard.retired_message(retired))
+        return original(server_args, *args, **kwargs)
     mh = _mod("sglang.srt.arg_groups.mega_moe_hook")
-    if mh.parse_connector_type(cfg.model_path) == mh.ConnectorType.INSTANCE:
-        return None
-    model_config = ov.model_config_of(server_args)
-    arch = model_config.hf_config.architectures[0]
+    arch = None
+    if not cfg.encoder_only and mh.parse_connector_type(cfg.model_path) != mh.ConnectorType.INSTANCE:
+        model_config = ov.model_config_of(server_args)
+        arch = model_config.hf_config.architectures[0]
     if arch not in guard.GLM_ARCHS:
-        return None
+        return original(server_args, *args, **kwargs)
+    sglang_said = ""
+    try:
+        original(server_args, *args, **kwargs)
+    except ValueError as exc:  # SGLang's own budget check (NVFP4): kept only if the plugin's finds nothing
+        sglang_said = " ".join(str(exc).split())
     cap = int(mh.envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get())
     sm = _platform_sm()
     api, api_error = _probe_api() if sm is not None else (frozenset(), "")
-    problems = guard.check_launch(launch_facts(cfg, model_config, arch, sm=sm, api=api, api_error=api_error,
-                                               cap=cap))
-    if arch not in guard.GLM_NO_MEGAMOE_ARCHS and not mh.mega_moe_needs_token_budget(
-            arch, model_config.hf_quant_config or {}, cfg.quantization):
-        # SGLang's own check, for a GLM model it does not list (it already ran above for those it does).
-        try:
-            mh.validate_mega_moe_token_budget(server_args, arch)
-        except ValueError as exc:
-            problems.append(str(exc))
+    problems = guard.check_launch(launch_facts(server_args, cfg, model_config, arch, sm=sm, api=api,
+                                               api_error=api_error, cap=cap))
+    if sglang_said and not problems:
+        problems.append(sglang_said)
     if problems:
         raise guard.MegaMoELaunchError(guard.launch_message(arch, problems))
     logger.info("sglang-glm-ext megamoe: %s passes the MegaMoE launch checks (cap %d tokens per rank)", arch, cap)
     return None
 
 
+def hook_compat(original: Callable, server_args, *args, **kwargs):
+    """AROUND arg_groups.mega_moe_hook.check_mega_moe_compat: SGLang's own refusal of a megamoe launch (no SM90 /
+    SM100 GPU here, or two-batch / single-batch overlap) as the plugin's one line naming the fix, not a bare
+    ValueError deep in a traceback."""
+    try:
+        return original(server_args, *args, **kwargs)
+    except ValueError as exc:
+        text = " ".join(str(exc).split())
+        if "needs a CUDA SM90 GPU" in text:
+            sm = _platform_sm()
+            here = f"this machine's GPU is SM{sm}" if sm else "this machine has no CUDA GPU"
+            text = (f"--moe-a2a-backend megamoe runs DeepGEMM's MegaMoE kernels, which need an SM90 GPU (block-FP8 "
+                    f"experts) or an SM100-class GPU (FP4 experts), and {here}; drop --moe-a2a-backend megamoe (or "
+                    "--moe-runner-backend megamoe) here, or launch on such a GPU")
+        raise guard.MegaMoELaunchError(f"{guard.PREFIX}: {text}") from None
+
+
+def hook_resolve_once(original: Callable, self, *args, **kwargs):
+    """AROUND ServerArgs.resolve_once, where every MegaMoE launch check runs (SGLang's resolution pipeline). A
+    command-line launch (`launch_server`, `sglang serve`: the record carries its argv in `_launch_command`) that
+    the checks refuse exits with their lines and no traceback, as the plugin's other launch refusals do; Python
+    callers (`Engine(...)`, a bare ServerArgs) keep the MegaMoELaunchError, a ValueError."""
+    try:
+        return original(self, *args, **kwargs)
+    except guard.MegaMoELaunchError as exc:
+        command = getattr(self, "_launch_command", None)
+        if command and not str(command).startswith("Engine("):
+            raise SystemExit(str(exc)) from None
+        raise
+
+
 def _moe_classes() -> tuple[Optional[type], Optional[type]]:
     glm = sys.modules.get("sglang.srt.models.glm4_moe")
     dsv2 = sys.modules.get("sglang.srt.models.deepseek_v2")
     return (getattr(glm, "Glm4MoeSparseMoeBlock", None), getattr(dsv2, "DeepseekV2MoE", None))
+
+
+def materialise_bypassed_routing(moe: Any, name: str = "") -> bool:
+    """GLM-5.x's DeepseekV2MoE under megamoe: SGLang's MegaMoE path reads `topk_output.topk_ids`
+    (layers/moe/mega_moe.py:376-383), but when the experts' runner is FlashInfer TRTLLM (ModelOpt NVFP4 with the
+    runner on auto, modelopt_quant.py:3117-3125) TopK was bound to return its BYPASSED form (topk.py:793-804: GLM's
+    grouped, biased, renormalised routing is bypassable), which has none: the first forward (warm-up or graph
+    capture) raised AttributeError. Make that layer's TopK return standard routing, computed by the same
+    `select_experts` that `BypassedTopKOutput.to_standard` would call. True when it changed a layer."""
+    topk = getattr(moe, "topk", None)
+    config = getattr(topk, "topk_config", None)
+    if config is None:
+        return False
+    topk_mod = _mod("sglang.srt.layers.moe.topk")
+    if config.output_format != topk_mod.TopKOutputFormat.BYPASSED:
+        return False
+    config.output_format = topk_mod.TopKOutputFormat.STANDARD
+    logger.info("sglang-glm-ext megamoe: %s: TopK returns standard routing for the MegaMoE kernel (it was bound "
+                "to FlashInfer TRTLLM's bypassed routing)", name or f"layer {getattr(moe, 'layer_id', '?')}")
+    return True
 
 
 def check_loaded_model(model: Any, arch: str) -> list[str]:
@@ -270,6 +375,8 @@ def check_loaded_model(model: Any, arch: str) -> list[str]:
         if not (is_glm4 or (dsv2_moe is not None and isinstance(module, dsv2_moe))):
             continue
         module.__dict__[GUARD_ATTR] = True
+        if not is_glm4:
+            materialise_bypassed_routing(module, name)
         if is_glm4:
             module.__dict__.pop(_PLAN_ATTR, None)
             try:
@@ -297,6 +404,12 @@ def hook_load_check(result, runner, *args, **kwargs):
     if arch not in guard.GLM_ARCHS:
         return None
     problems = check_loaded_model(runner.model, arch)
+    from .weight_update import mark_refused_layers
+
+    refused = mark_refused_layers(runner.model)
+    if refused:
+        logger.info("sglang-glm-ext megamoe: %d MoE layer(s) hold an FP4 MegaMoE layout; online weight updates "
+                    "will be refused (restart on the new checkpoint instead)", len(refused))
     if problems:
         shown = problems[:8] + ([f"... and {len(problems) - 8} more"] if len(problems) > 8 else [])
         raise guard.MegaMoELaunchError(guard.launch_message(arch, shown))

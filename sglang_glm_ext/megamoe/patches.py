@@ -1,6 +1,8 @@
 """megamoe's patches of SGLang (seed 1-30), all switched on by SGLang's `--moe-a2a-backend megamoe`.
 
-`megamoe.*` (hooks.py): the GLM-4.x fast path, GLM-5.x's no-fallback guard, the launch and load checks (issue 15).
+`megamoe.*` (hooks.py): the GLM-4.x fast path, GLM-5.x's no-fallback guard, the launch and load checks (issue 15),
+one-line launch refusals (issue 22); (weight_update.py) the SM90 layout kept right on weight updates and the FP4
+updates refused (issue 22).
 `megamoe_fp4.*` (fp4_hooks.py): FP4 MegaMoE weights on the kept TRTLLM layout, FP4 scale groups (issue 16).
 Every hook returns to SGLang's own code unless the a2a backend is megamoe.
 """
@@ -93,6 +95,87 @@ PATCHES: tuple[Patch, ...] = (
         remove_when="SGLang refuses megamoe when a MoE layer has no MegaMoE weights.",
         signature=("self",),
         source_sha="bf6781e45efd63b5",
+    ),
+    Patch(
+        id="megamoe.compat_message",
+        target="sglang.srt.arg_groups.mega_moe_hook.check_mega_moe_compat",
+        hook_type="around",
+        hook="sglang_glm_ext.megamoe.hooks:hook_compat",
+        feature=FEATURE,
+        tier=Tier.FEATURE,
+        reason="SGLang refuses --moe-a2a-backend megamoe on a machine without an SM90/SM100 GPU (or with TBO/SBO) "
+        "with a bare ValueError deep in the resolution traceback; the plugin gives its one line naming the fix.",
+        seed_lines="30",
+        sglang_versions=("0.5.23",),
+        remove_when="SGLang's megamoe compatibility refusal is a one-line launch error.",
+        signature=("server_args",),
+        source_sha="70529a2fe6999eed",
+    ),
+    Patch(
+        id="megamoe.launch_exit",
+        target="sglang.srt.server_args.ServerArgs.resolve_once",
+        hook_type="around",
+        hook="sglang_glm_ext.megamoe.hooks:hook_resolve_once",
+        feature=FEATURE,
+        tier=Tier.FEATURE,
+        reason="Every MegaMoE launch check runs inside resolve_once; a command-line launch (launch_server, sglang "
+        "serve: the record's _launch_command) it refuses exits with the refusal lines and no traceback, as the "
+        "plugin's other launch refusals do. Python callers keep the MegaMoELaunchError (a ValueError).",
+        seed_lines="10-19, 30",
+        sglang_versions=("0.5.23",),
+        remove_when="SGLang reports resolution refusals to command-line users without a traceback.",
+        signature=("self",),
+        source_sha="a77b5bf3f0348924",
+    ),
+    Patch(
+        id="megamoe.weights_sm90_loader",
+        target="sglang.srt.layers.moe.fused_moe_triton.layer.FusedMoE._weight_loader_impl",
+        hook_type="around",
+        hook="sglang_glm_ext.megamoe.weight_update:hook_weight_loader_impl",
+        feature=FEATURE,
+        tier=Tier.FEATURE,
+        reason="A weight update writes gate/up rows in place through the fused-MoE loader (_load_w13), but SGLang's "
+        "SM90 MegaMoE builder interleaved w13 at load and returns early on every later post-process "
+        "(mega_moe_sm90.py:98-99; the restore hook is a no-op): the kernel would read plain rows as interleaved. The "
+        "written expert is de-interleaved, written and re-interleaved in place, on every update path. A write into "
+        "an FP4 MegaMoE layout raises instead (it cannot be kept right in place).",
+        seed_lines="10-19",
+        sglang_versions=("0.5.23",),
+        remove_when="SGLang restores the SM90 MegaMoE w13 interleave around weight loading "
+        "(restore_weights_before_loading / re-build after load).",
+        signature=("self", "param", "loaded_weight", "weight_name", "shard_id", "expert_id"),
+        source_sha="fedef474ee3dfc10",
+    ),
+    Patch(
+        id="megamoe.weights_sm90_loader_fused",
+        target="sglang.srt.layers.moe.fused_moe_triton.layer.FusedMoE.weight_loader_fused",
+        hook_type="around",
+        hook="sglang_glm_ext.megamoe.weight_update:hook_weight_loader_fused",
+        feature=FEATURE,
+        tier=Tier.FEATURE,
+        reason="The same for checkpoints that carry every expert's gate_up in one tensor (shard w13, all experts).",
+        seed_lines="10-19",
+        sglang_versions=("0.5.23",),
+        remove_when="SGLang restores the SM90 MegaMoE w13 interleave around weight loading.",
+        signature=("self", "param", "loaded_weight", "weight_name", "shard_id"),
+        source_sha="efaaee6960f4adc6",
+    ),
+    Patch(
+        id="megamoe.weight_update_tensor",
+        target="sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater.update_weights_from_tensor",
+        hook_type="around",
+        hook="sglang_glm_ext.megamoe.weight_update:hook_update_from_tensor",
+        feature=FEATURE,
+        tier=Tier.FEATURE,
+        reason="load_format='direct' copies tensors verbatim into parameters; into the SM90 MegaMoE w13 that is the "
+        "caller's bytes in an unknown row order, so it is refused with (False, why) before writing (every other "
+        "format goes through the loader hook). FP4 MegaMoE layers are refused on every update path by SGLang's "
+        "own _derived_weight_cache_error marker, set at load.",
+        seed_lines="10-19",
+        sglang_versions=("0.5.23",),
+        remove_when="SGLang restores the SM90 MegaMoE w13 interleave around weight loading.",
+        signature=("self", "named_tensors", "load_format"),
+        source_sha="301123886073eac4",
     ),
     Patch(
         id="megamoe_fp4.nvfp4_keep_trtllm",

@@ -100,6 +100,6 @@ def miss_message(layer: str, decision: Decision) -> str:
         "input is its own slice of the tokens and nothing sums the stock path's output across ranks, so running "
         "SGLang's fused-MoE fallback would return wrong tokens; refusing instead. Fix the launch: raise "
         "SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK or lower --chunked-prefill-size / "
-        "--max-running-requests / --cuda-graph-max-bs (the startup check names the bound), or use another "
+        "--max-running-requests / --cuda-graph-max-bs-decode (the startup check names the bound), or use another "
         "--moe-a2a-backend."
     )

@@ -42,6 +42,27 @@ def deinterleave_gate_up(w13: torch.Tensor, gran: int = GRAN) -> torch.Tensor:
                       pairs[:, :, 1].reshape(num_groups, n // 2, *rest)], dim=1)
 
 
+def deinterleave_experts_(w13: torch.Tensor, experts: Optional[Any] = None) -> None:
+    """In place: the given experts' (all when None) rows of an interleaved [E, 2I, H] w13 back to [gate; up], so
+    a loader can write checkpoint rows where it expects them. Bytes are moved as uint8 (FP8 has no arithmetic)."""
+    _relayout_(w13, experts, deinterleave_gate_up)
+
+
+def interleave_experts_(w13: torch.Tensor, experts: Optional[Any] = None) -> None:
+    """In place: the given experts' (all when None) [gate; up] rows of w13 to the kernel's interleave. The
+    storage stays the same, so the MegaMoE weight tuples SGLang built (views of it) keep reading it."""
+    _relayout_(w13, experts, interleave_gate_up)
+
+
+def _relayout_(w13: torch.Tensor, experts: Optional[Any], fn) -> None:
+    raw = w13.view(torch.uint8) if w13.element_size() == 1 else w13
+    if experts is None:
+        raw.copy_(fn(raw))
+        return
+    for e in sorted({int(e) for e in experts}):
+        raw[e].copy_(fn(raw[e:e + 1])[0])
+
+
 def layer_is_interleaved(experts: Any) -> bool:
     """Whether SGLang's SM90 MegaMoE builder has rewritten this FusedMoE's w13 in place."""
     return bool(getattr(experts, "_mega_moe_sm90_fp8_weights", False))

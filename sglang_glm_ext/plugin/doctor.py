@@ -56,6 +56,7 @@ from typing import Any
 from ..declare import DoctorInput, PluginFlagError, Tier
 from ..hostmem import doctor as hostmem_doctor
 from ..l3 import doctor as l3_doctor
+from ..megamoe import doctor as megamoe_doctor
 from ..patching.ledger import State
 from . import __version__, compat, envs, features, flags
 from . import launch as launch_line
@@ -383,6 +384,7 @@ def render_text(report: dict[str, Any]) -> str:
         + ("" if mm["deep_gemm"]["imports"] or not mm["deep_gemm"]["error"] else f" ({mm['deep_gemm']['error']})")
         + ("; NVFP4 on the TRTLLM layout: " + ("yes" if h["fp4_megamoe"]["trtllm_layout"]["supported"]
                                                  else h["fp4_megamoe"]["trtllm_layout"]["why"])))
+    lines.extend(megamoe_doctor.render_shared_expert(mm.get("shared_expert")))
     lines.extend(hostmem_doctor.render_lines(h["hugepages"]))
     for row in h["l3_paths"]:
         lines.append(f"  L3 path {row['path']}: o_direct={row.get('o_direct')} free={row.get('free_bytes')} "

@@ -36,6 +36,7 @@ class Buffer:
         self.x_sf = torch.ones(num_max_tokens_per_rank, hidden // 128, dtype=torch.float32)
         self.topk_idx = torch.full((num_max_tokens_per_rank, num_topk), -1, dtype=torch.int32)
         self.topk_weights = torch.zeros(num_max_tokens_per_rank, num_topk, dtype=torch.float32)
+        self.x_scales = torch.ones(num_max_tokens_per_rank, dtype=torch.float32)
         self.num_tokens = 0
 
 
@@ -47,8 +48,12 @@ class FakeDeepGemm(types.ModuleType):
         self._num_sms = 132
         # A module's dir() is its __dict__: put the API there, as the real module has it (probes list dir()).
         for name in ("get_num_sms", "set_num_sms", "get_symm_buffer_for_mega_moe", "mega_moe_pre_dispatch_sm90",
-                     "fp8_mega_moe", "get_block_m_for_mega_moe"):
+                     "fp8_mega_moe", "get_block_m_for_mega_moe", "mega_moe_pre_dispatch", "fp8_fp4_mega_moe"):
             setattr(self, name, getattr(self, name))
+        # The SM100 FP4 kernel's expert math, set by a test: fn(x fp32 [T, H], ids [T, k] (global, -1 = none),
+        # weights fp32 [T, k], rank, num_local) -> fp32 [T, H], this rank's experts only. The fake does the
+        # dispatch and the combine around it, as for SM90.
+        self.fp4_experts = None
 
     def names(self) -> list[str]:
         return [name for name, _ in self.calls]
@@ -91,6 +96,42 @@ class FakeDeepGemm(types.ModuleType):
         self.calls.append(("fp8_mega_moe", dict(
             recipe=recipe, activation=activation, activation_clamp=activation_clamp, fast_math=fast_math,
             y_shape=tuple(y.shape), l1=l1_weights, l2=l2_weights, num_tokens=buf.num_tokens)))
+        (w13, s13), (w2, s2) = l1_weights, l2_weights
+        local = w13.shape[0]
+
+        def experts(x, ids, w, rank):
+            return sm90_fp8.reference_moe(x, ids, w, w13, s13, w2, s2, routed_scaling_factor=1.0,
+                                          w13_interleaved=True, activation_clamp=activation_clamp,
+                                          expert_offset=rank * local)
+        self._dispatch_combine(y, buf, experts)
+
+    def mega_moe_pre_dispatch(self, x, topk_idx, topk_weights, buf_x, buf_x_sf, buf_topk_idx, buf_topk_weights,
+                              num_tokens, group_size=32, mma_type="fp8xfp4", buf_x_scales=None, expert_scales=None):
+        self.calls.append(("mega_moe_pre_dispatch", dict(
+            num_tokens=num_tokens, group_size=group_size, mma_type=mma_type, x_scales=buf_x_scales is not None,
+            ids=topk_idx.clone(), weights=topk_weights.clone())))
+        assert num_tokens <= buf_x.shape[0]
+        buf_x[:num_tokens] = x[:num_tokens].float()
+        buf_topk_idx[:num_tokens] = topk_idx[:num_tokens]
+        buf_topk_weights[:num_tokens] = topk_weights[:num_tokens]  # routed scaling already folded by SGLang
+        next(b for b in self.buffers if b.x is buf_x).num_tokens = num_tokens
+
+    def fp8_fp4_mega_moe(self, y, l1_weights, l2_weights, sym_buffer, shared_l1_weights=None,
+                         shared_l2_weights=None, cumulative_local_expert_recv_stats=None, recipe=(1, 1, 32),
+                         activation="swiglu", activation_clamp=None, fast_math=True, use_x_scales=False,
+                         l1_alphas=None, l2_alphas=None, l2_act_scales=None, weight_layout="megamoe", **kwargs):
+        buf = sym_buffer
+        self.calls.append(("fp8_fp4_mega_moe", dict(
+            recipe=recipe, activation=activation, use_x_scales=use_x_scales, weight_layout=weight_layout,
+            l1=l1_weights, l2=l2_weights, l1_alphas=l1_alphas, l2_alphas=l2_alphas, l2_act_scales=l2_act_scales,
+            shared=shared_l1_weights is not None, y_shape=tuple(y.shape), num_tokens=buf.num_tokens)))
+        assert self.fp4_experts is not None, "the test gives the fake FP4 kernel its expert math (fp4_experts)"
+        local = l1_weights[0].shape[0]
+        self._dispatch_combine(y, buf, lambda x, ids, w, rank: self.fp4_experts(x, ids, w, rank, local))
+
+    def _dispatch_combine(self, y, buf, experts):
+        """Every rank's buffered rows to every rank, this rank's experts on them, the weighted outputs summed back
+        to each token's own rank (an all-reduce here): what the fused kernel's dispatch and combine do."""
         n = buf.num_tokens
         x, ids, w = buf.x[:n], buf.topk_idx[:n], buf.topk_weights[:n]
         group = buf.group
@@ -112,11 +153,7 @@ class FakeDeepGemm(types.ModuleType):
             x = torch.cat([gx[r][:sizes[r]] for r in range(world)])
             ids = torch.cat([gi[r][:sizes[r]] for r in range(world)])
             w = torch.cat([gw[r][:sizes[r]] for r in range(world)])
-        (w13, s13), (w2, s2) = l1_weights, l2_weights
-        local = w13.shape[0]
-        out = sm90_fp8.reference_moe(x, ids, w, w13, s13, w2, s2, routed_scaling_factor=1.0,
-                                     w13_interleaved=True, activation_clamp=activation_clamp,
-                                     expert_offset=rank * local)
+        out = experts(x, ids, w, rank)
         if world > 1:
             import torch.distributed as dist
 

@@ -10,6 +10,7 @@ branch SGLang's stock forward has. Results (numbers, recorded calls) go to OUT.j
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -181,11 +182,54 @@ def main() -> None:
     rows = 5 if RANK == 0 else 3
     run("dp", rows, [5, 3][:WORLD])
     run("tp_no_global", 4, None)
+    # TopK returns the BYPASSED form only from its CUDA forward (a CPU dispatches to forward_native, which ignores
+    # the format): take the GPU's branch, and count the materialisations the hook does.
+    from sglang.srt.layers.moe import topk as topk_mod
+
     block.topk.topk_config.output_format = TopKOutputFormat.BYPASSED
-    run("bypassed", rows, [5, 3][:WORLD])
+    block.topk._forward_method = block.topk.forward_cuda
+    real_to_standard = topk_mod.BypassedTopKOutput.to_standard
+    materialised = []
+
+    def counting_to_standard(self, *a, **k):
+        materialised.append(1)
+        return real_to_standard(self, *a, **k)
+
+    with mock.patch.object(topk_mod.BypassedTopKOutput, "to_standard", counting_to_standard):
+        run("bypassed", rows, [5, 3][:WORLD])
+    results["bypassed_materialised"] = len(materialised)
+    block.topk._forward_method = None
     block.topk.topk_config.output_format = TopKOutputFormat.STANDARD
     run("empty_rank", 4 if RANK == 0 else 0, [4, 0][:WORLD])
-    run("capture", rows, None, capture=True, alt_stream=object())
+    # Capture with the block's alternate stream: the kernel runs on it, the shared expert on the current stream.
+    # A CPU has no streams: record what the block asks of them, in order.
+    events = []
+
+    class FakeStream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            events.append(f"{self.name}.wait({other.name})")
+
+    current, alt = FakeStream("current"), FakeStream("alt")
+
+    @contextlib.contextmanager
+    def on_stream(stream):
+        events.append(f"enter {stream.name}")
+        yield
+        events.append(f"leave {stream.name}")
+
+    real_kernel = FAKE.fp8_mega_moe
+
+    def kernel_in_order(*a, **k):
+        events.append("kernel")
+        return real_kernel(*a, **k)
+
+    with mock.patch.object(torch.cuda, "current_stream", lambda: current), \
+            mock.patch.object(torch.cuda, "stream", on_stream), mock.patch.object(FAKE, "fp8_mega_moe", kernel_in_order):
+        run("capture", rows, None, capture=True, alt_stream=alt)
+    results["capture_stream_events"] = events
     run("over_cap_elsewhere", 2, [2, CAP + 1][:WORLD] if WORLD > 1 else [CAP + 1])
     experts._mega_moe_weights_built = False
     run("not_ready", rows, [5, 3][:WORLD])

@@ -38,7 +38,7 @@ def test_report_reads_gpus_and_the_deep_gemm_version_from_doctor_input():
     assert {k: fp4[k] for k in ("possible", "why")} == {"possible": True, "why": ""}
     assert fp4["deep_gemm"] == "2.1" and fp4["trtllm_layout"] == hardware.trtllm_layout()
     assert set(part.hardware["megamoe"]) == {"fp8_sm90", "fp4_sm100", "deep_gemm", "retired_env",
-                                             "dg_use_fp4_acts_set"}
+                                             "dg_use_fp4_acts_set", "shared_expert"}
     assert part.problems == ()
 
 
@@ -69,7 +69,7 @@ def test_doctor_json_carries_the_megamoe_part():
     proc = _doctor()
     rep = json.loads(proc.stdout)
     mm = rep["hardware"]["megamoe"]
-    assert set(mm) == {"fp8_sm90", "fp4_sm100", "deep_gemm", "retired_env", "dg_use_fp4_acts_set"}
+    assert set(mm) == {"fp8_sm90", "fp4_sm100", "deep_gemm", "retired_env", "dg_use_fp4_acts_set", "shared_expert"}
     assert mm["fp8_sm90"] == {"possible": False, "why": "no CUDA GPU visible"}  # this CPU machine
     assert set(rep["hardware"]["fp4_megamoe"]) == {"possible", "why", "deep_gemm", "trtllm_layout"}
     feature = next(f for f in rep["features"] if f["name"] == "megamoe")
@@ -85,3 +85,38 @@ def test_doctor_checks_a_megamoe_launch_given_sglangs_own_flag():
     feature = next(f for f in rep["features"] if f["name"] == "megamoe")
     assert feature["active"] is True and feature["available"] is False
     assert any(p.startswith("--moe-a2a-backend megamoe: no MegaMoE kernel can run") for p in rep["problems"])
+
+
+def test_shared_expert_memory_for_the_released_glm4_models_and_a_given_one(tmp_path):
+    """Under megamoe the plugin replicates GLM-4.x's shared expert (full weights on every GPU); doctor states what
+    that costs per GPU against TP sharding: about 2.1 GB for GLM-4.5/4.6 FP8 (89 MoE layers), 0.8 GB for Air."""
+    from sglang_glm_ext.megamoe.doctor import render_shared_expert, shared_expert_part
+
+    part = shared_expert_part()
+    rows = {r["model"]: r for r in part["known"]}
+    big, air = rows["GLM-4.5 / GLM-4.6 FP8"], rows["GLM-4.5-Air FP8"]
+    assert big["moe_layers"] == 89 and round(big["replicated_per_gpu_bytes"] / 1e9, 2) == 2.10
+    assert air["moe_layers"] == 45 and round(air["replicated_per_gpu_bytes"] / 1e9, 2) == 0.78
+    assert part["tp_size"] == 8 and round(big["tp_sharded_per_gpu_bytes"] / 1e9, 2) == 0.26
+    assert big["extra_per_gpu_bytes"] == big["replicated_per_gpu_bytes"] - big["tp_sharded_per_gpu_bytes"]
+    # 3 x H x I FP8 bytes + fp32 128x128 block scales, per MoE layer
+    assert big["replicated_per_gpu_bytes"] == 89 * (3 * 5120 * 1536 + (24 * 40 + 40 * 12) * 4)
+    text = "\n".join(render_shared_expert(part))
+    assert "2.10 GB per GPU replicated under megamoe; TP-sharded over 8: 0.26 GB" in text
+    from glm_configs import GLM4_CONFIG, write_model_dir
+
+    model = write_model_dir(tmp_path / "m", GLM4_CONFIG)
+    mine = shared_expert_part(model, "2")["model"]
+    assert mine["moe_layers"] == 1 and mine["tp_sharded_per_gpu_bytes"] * 2 == mine["replicated_per_gpu_bytes"]
+    assert "cannot read" in shared_expert_part(str(tmp_path / "none"))["why"]
+    glm5 = write_model_dir(tmp_path / "g5", dict(GLM4_CONFIG, architectures=["GlmMoeDsaForCausalLM"]))
+    assert "not a GLM-4.x" in shared_expert_part(glm5)["why"]
+
+
+def test_doctor_cli_takes_the_model_and_tp_size(tmp_path):
+    from glm_configs import write_model_dir
+
+    model = write_model_dir(tmp_path / "m")
+    rep = json.loads(_doctor("--model-path", model, "--tp-size", "4").stdout)
+    part = rep["hardware"]["megamoe"]["shared_expert"]
+    assert part["tp_size"] == 4 and part["model"]["model"] == model

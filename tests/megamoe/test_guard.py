@@ -71,7 +71,8 @@ def test_a_valid_fp8_sm90_launch_passes():
     (dict(sm=None), "no CUDA GPU"),
     (dict(retired_env={"SGLANG_OPT_USE_DEEPGEMM_MEGA_MOE": "1"}), "--moe-a2a-backend megamoe"),
     (dict(retired_env={"SGLANG_OPT_DEEPGEMM_MEGA_MOE_USE_FP4_ACTS": "1"}), "--enable-w4a4-mxfp4-megamoe"),
-    (dict(decode=("a decode bound",)), "a decode bound"),
+    (dict(budget=("a decode bound",)), "a decode bound"),
+    (dict(ep_num_redundant_experts=8), "--ep-num-redundant-experts 0"),
 ])
 def test_each_refusal(change, needle):
     problems = check_launch(facts(**change))
@@ -91,28 +92,68 @@ def test_excluded_layers_refused_and_mtp_only_with_speculation():
     assert guard.excluded_moe_layers(nested) == {7: ["model.layers.7.mlp.experts"]}
 
 
-def test_decode_bounds_sglang_leaves_out():
-    common = dict(cap=64, attn_dp_size=1, tp_size=8, disaggregation_mode="null", enable_mixed_chunk=False,
-                  chunked_prefill_size=64)
-    assert guard.decode_problems(max_running_requests=64, tokens_per_request=1, **common) == []
-    (p,) = guard.decode_problems(max_running_requests=65, tokens_per_request=1, **common)
-    assert "65 requests x 1 tokens = 65" in p and "--max-running-requests to 64" in p
-    (p,) = guard.decode_problems(max_running_requests=32, tokens_per_request=4, **common)
-    assert "128 tokens" in p and "--max-running-requests to 16" in p
-    (p,) = guard.decode_problems(max_running_requests=None, tokens_per_request=4, **common)
+def budget(**kw):
+    base = dict(cap=64, chunked_prefill_size=64, chunk_asked=64, prefill_ceiling=64, tp_size=8, attn_tp_size=8,
+                max_running_requests=64)
+    base.update(kw)
+    return guard.budget_problems(guard.BudgetFacts(**base))
+
+
+def test_redundant_experts_refused_for_glm4_only():
+    assert not check_launch(facts(arch="GlmMoeDsaForCausalLM", ep_num_redundant_experts=8))  # DeepseekV2MoE sizes them
+
+
+def test_decode_bound_is_the_padded_eager_batch_times_the_widest_row_count():
+    assert budget() == []
+    (p,) = budget(max_running_requests=65)  # 65 requests, padded to 72 (a multiple of attention TP 8)
+    assert "65 requests per rank" in p and "padded to 72" in p and "= 72 tokens" in p
+    assert "--max-running-requests to 64" in p and "NUM_MAX_TOKENS_PER_RANK to 72" in p
+    assert budget(max_running_requests=63, attn_tp_size=4, cap=63) != []  # 63 -> 64 eager rows > 63
+    (p,) = budget(max_running_requests=32, speculative="EAGLE", num_draft_tokens=4, static_draft_tokens=4)
+    assert "x 4 tokens (--speculative-num-draft-tokens 4) = 128 tokens" in p and "to 16" in p
+    (p,) = budget(max_running_requests=16, speculative="EAGLE", num_draft_tokens=8, static_draft_tokens=4)
+    assert "adaptive speculative decoding can grow to 8 draft tokens" in p and "= 128 tokens" in p
+    (p,) = budget(max_running_requests=16, speculative="EAGLE", num_draft_tokens=2, static_draft_tokens=2,
+                  eagle_topk=8)
+    assert "--speculative-eagle-topk 8 rows per request" in p
+    (p,) = budget(max_running_requests=None, speculative="EAGLE", num_draft_tokens=4, static_draft_tokens=4)
     assert "--max-running-requests is not set" in p and "at most 16" in p
-    dp = dict(common, attn_dp_size=8)
-    assert guard.decode_problems(max_running_requests=512, tokens_per_request=1, **dp) == []  # 64 per DP rank
-    assert guard.decode_problems(max_running_requests=None, tokens_per_request=1,
-                                 **dict(common, disaggregation_mode="prefill")) == []
-    mixed = guard.decode_problems(max_running_requests=16, tokens_per_request=1,
-                                  **dict(common, enable_mixed_chunk=True))
-    assert len(mixed) == 1 and "--enable-mixed-chunk" in mixed[0]
+    dp = dict(attn_dp_size=8, attn_tp_size=1, chunked_prefill_size=8, chunk_asked=64, prefill_ceiling=8)
+    assert budget(max_running_requests=512, **dp) == []  # 64 per DP rank
+    assert budget(max_running_requests=None, disaggregation_mode="prefill") == []
+    (p,) = budget(max_running_requests=1, speculative="EAGLE", num_draft_tokens=16, static_draft_tokens=16, cap=64)
+    assert "no --max-running-requests fits" in p  # 8 rows (1 request padded to attention TP 8) x 16
 
 
-def test_launch_message_lists_every_problem():
-    msg = guard.launch_message("Glm4MoeForCausalLM", ["one", "two"])
-    assert "Glm4MoeForCausalLM" in msg and "\n  - one\n  - two" in msg and "wrong tokens" in msg
+def test_prefill_bound_is_the_dp_adjusted_chunk_counted_once():
+    # --tp 8 --dp 8 --enable-dp-attention --chunked-prefill-size 16384: SGLang resolves 2048 per DP rank.
+    dp = dict(cap=1024, tp_size=8, attn_tp_size=1, attn_dp_size=8, chunk_asked=16384, max_running_requests=256)
+    (p,) = budget(chunked_prefill_size=2048, prefill_ceiling=2048, **dp)
+    assert "2048 tokens per rank (--chunked-prefill-size 16384 over 8 DP ranks = 2048 per rank)" in p
+    assert "lower --chunked-prefill-size to 8192" in p
+    assert budget(chunked_prefill_size=1024, prefill_ceiling=1024, **dict(dp, chunk_asked=8192)) == []
+    (p,) = budget(chunked_prefill_size=1001, prefill_ceiling=1001, cap=1001, chunk_asked=1001,
+                  max_running_requests=8)
+    assert "reach 1008 tokens" in p and "padded to a multiple of attention TP 8" in p  # the chunk itself fits
+    (p,) = budget(chunked_prefill_size=500, prefill_ceiling=500, cap=512, chunk_asked=500, max_running_requests=8,
+                  prefill_graph_bs=(256, 1024))
+    assert "padded to the prefill CUDA-graph size 1024" in p
+    (p,) = budget(chunked_prefill_size=64, prefill_ceiling=16384, dynamic_chunking=True, max_prefill_tokens=16384,
+                  max_running_requests=8)
+    assert "--enable-dynamic-chunking" in p and "16384 tokens" in p and "--max-prefill-tokens" in p
+    (p,) = budget(chunked_prefill_size=-1, chunk_asked=-1)
+    assert "chunked prefill is off" in p and "--chunked-prefill-size" in p
+    assert budget(chunked_prefill_size=-1, disaggregation_mode="decode") == []
+    assert budget(chunked_prefill_size=256, prefill_ceiling=256, enable_prefill_cp=True, attn_cp_size=4) == []
+
+
+def test_launch_message_is_one_line_per_refusal_naming_the_fix():
+    msg = guard.launch_message("Glm4MoeForCausalLM", ["one; set --x", "two; set --y"])
+    assert msg.splitlines() == ["sglang-glm-ext megamoe: Glm4MoeForCausalLM: one; set --x",
+                                "sglang-glm-ext megamoe: Glm4MoeForCausalLM: two; set --y"]
+    retired = guard.retired_message({"SGLANG_OPT_USE_DEEPGEMM_MEGA_MOE": "1"})
+    assert "wrong tokens" not in retired and "megamoe would" not in retired and "unset it" in retired
+    assert len(retired.splitlines()) == 1
 
 
 def test_not_ready_reasons():

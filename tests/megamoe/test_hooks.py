@@ -102,6 +102,7 @@ def test_valid_glm4_and_glm5_fp8_launches_on_sm90_pass(launch):
      "layer 1's experts are excluded"),
     (dict(GLM5_CONFIG, architectures=["Glm4MoeLiteForCausalLM"]), SM90, {}, "no MegaMoE path"),  # MLA, like GLM-5
     (GLM4_CONFIG, SM90, {"max_running_requests": 65}, "a decode batch can carry 65 requests"),
+    (GLM4_CONFIG, SM90, {"ep_num_redundant_experts": 2}, "--ep-num-redundant-experts 0"),
     (GLM4_CONFIG, SM90, {"max_running_requests": None}, "--max-running-requests is not set"),
     (GLM4_CONFIG, SM90, {"enable_w4a4_mxfp4_megamoe": True}, "--enable-w4a4-mxfp4-megamoe selects"),
 ])
@@ -111,14 +112,33 @@ def test_each_launch_refusal_through_sglang_resolution(launch, config, platform,
     assert needle in str(exc), str(exc)
 
 
-def test_sglang_token_budget_check_now_covers_glm_models(launch):
-    # SGLang's own check, with its message; without the plugin's hook it does not run for GLM-4 at all.
+def test_token_budget_check_now_covers_glm_models(launch):
+    # Without the plugin's hook SGLang's budget check does not run for GLM (FP8) at all.
     exc = launch(chunked_prefill_size=4096)
     assert isinstance(exc, guard.MegaMoELaunchError)
-    assert "cover each rank's effective prefill token budget" in str(exc) and "required_per_rank=4096" in str(exc)
+    assert "a prefill batch can reach 4096 tokens per rank (--chunked-prefill-size 4096)" in str(exc)
     assert launch(chunked_prefill_size=4096, hook=False) is None
     exc = launch(GLM5_CONFIG, chunked_prefill_size=4096)
-    assert "required_per_rank=4096" in str(exc)
+    assert "reach 4096 tokens per rank" in str(exc)
+
+
+def test_nvfp4_glm_launch_gets_one_message_not_sglangs_traceback(launch, monkeypatch):
+    """SGLang runs its own budget check for NVFP4 checkpoints (mega_moe_needs_token_budget) and raises first; the
+    plugin's check supersedes it, so the user sees the plugin's lines (the DP-correct bound), not both."""
+    import sglang.srt.layers.quantization as quantization
+    from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config
+
+    monkeypatch.setitem(quantization.QUANTIZATION_METHODS, "modelopt_fp4", ModelOptFp4Config)
+    fake = sys.modules["deep_gemm"]
+    for name in sorted(guard.SM100_KERNEL_API - set(dir(fake))):
+        monkeypatch.setattr(fake, name, lambda *a, **k: None, raising=False)
+    nvfp4 = with_quant(GLM5_CONFIG, {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16})
+    assert mega_moe_hook.mega_moe_needs_token_budget("GlmMoeDsaForCausalLM", nvfp4["quantization_config"], None)
+    exc = launch(nvfp4, SM100, hook=False, chunked_prefill_size=4096)
+    assert isinstance(exc, ValueError) and "required_per_rank=4096" in str(exc)  # SGLang's own, unhooked
+    exc = launch(nvfp4, SM100, chunked_prefill_size=4096)
+    assert isinstance(exc, guard.MegaMoELaunchError) and "required_per_rank" not in str(exc)
+    assert "reach 4096 tokens per rank" in str(exc) and len(str(exc).splitlines()) == 1
 
 
 def test_deep_gemm_without_the_sm90_kernel_is_refused(launch, monkeypatch):
@@ -246,7 +266,7 @@ def test_mxfp4_glm_launch_is_held_to_the_token_budget_sglang_skips(mxfp4_sm100, 
     assert launch(cfg, SM100) is None
     assert launch(cfg, SM100, chunked_prefill_size=4096, hook=False) is None  # SGLang alone lets it through
     exc = launch(cfg, SM100, chunked_prefill_size=4096)
-    assert isinstance(exc, guard.MegaMoELaunchError) and "required_per_rank=4096" in str(exc), exc
+    assert isinstance(exc, guard.MegaMoELaunchError) and "reach 4096 tokens per rank" in str(exc), exc
     exc = launch(cfg, SM100, max_running_requests=65)
     assert isinstance(exc, guard.MegaMoELaunchError) and "a decode batch can carry 65 requests" in str(exc)
     exc = launch(cfg, SM90)
@@ -305,3 +325,30 @@ def test_the_plugin_never_sets_dg_use_fp4_acts():
                         r"""putenv\(\s*["']DG_USE_FP4_ACTS|environ\.update\([^)]*DG_USE_FP4_ACTS)""")
     hits = [str(p) for p in pkg.rglob("*.py") if setter.search(p.read_text())]
     assert hits == []
+
+
+def test_the_glm4_block_builds_no_redundant_expert_slots():
+    """Why --ep-num-redundant-experts is refused for GLM-4.x (issue 22, defect 5): with it set, SGLang's expert
+    location map counts logical + redundant physical experts (eplb/expert_location.py:236), DeepseekV2MoE builds that
+    many (deepseek_v2.py:750-755), but Glm4MoeSparseMoeBlock builds the routed experts only (glm4_moe.py:436-446).
+    When SGLang sizes the GLM-4 block for them, this test fails: lift the refusal (guard.check_launch)."""
+    from sglang.srt.layers.moe.utils import MoeA2ABackend, MoeRunnerBackend
+    from sglang.srt.models.glm4_moe import Glm4MoeSparseMoeBlock
+    from sglang.srt.runtime_context import get_context, get_exec, get_flags, get_parallel, reset_context
+
+    reset_context()
+    try:
+        get_context().set_server_args(ServerArgs(model_path="dummy", moe_a2a_backend="megamoe", tp_size=1,
+                                                 device="cpu", ep_num_redundant_experts=2))
+        get_parallel().override_permanently(tp_size=1, tp_rank=0, moe_ep_size=1, moe_ep_rank=0, moe_tp_size=1,
+                                            moe_tp_rank=0)
+        get_flags().moe.a2a_backend = MoeA2ABackend("megamoe")
+        get_flags().moe.runner_backend = MoeRunnerBackend("auto")
+        assert get_exec().moe.ep_num_redundant_experts == 2
+        cfg = SimpleNamespace(num_experts_per_tok=2, routed_scaling_factor=2.5, n_shared_experts=1, n_routed_experts=8,
+                              hidden_act="silu", hidden_size=256, moe_intermediate_size=128, norm_topk_prob=True,
+                              n_group=4, topk_group=2)
+        block = Glm4MoeSparseMoeBlock(cfg, layer_id=3, quant_config=None, prefix="model.layers.3.mlp")
+        assert block.experts.num_experts == 8  # not 8 + 2
+    finally:
+        reset_context()
