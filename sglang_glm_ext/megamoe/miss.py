@@ -131,12 +131,18 @@ class MissPlan:
 def gathered_moe(hidden_states: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, *, group: Any,
                  local_experts: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
                  shared: Optional[Callable[[], torch.Tensor]] = None,
-                 on_plan: Optional[Callable[[MissPlan], None]] = None) -> torch.Tensor:
+                 on_plan: Optional[Callable[[MissPlan], None]] = None,
+                 sizes: Optional[Sequence[int]] = None) -> torch.Tensor:
     """This rank's rows through every rank's experts (steps 1-5 above). `local_experts(x, ids, weights)` gets all
     the gathered rows with global ids and returns [rows, H]: this rank's experts' weighted sum per row (the
-    routed scaling applied as the layer's own path applies it). Rows come back complete for this rank."""
+    routed scaling applied as the layer's own path applies it). Rows come back complete for this rank.
+    `sizes`: every rank's count when the caller knows it (CUDA-graph capture: every rank captures the same
+    padded size, and the count all-gather's host read cannot be captured); all-gathered otherwise."""
     rank = group_rank(group)
-    sizes = ep_sizes(hidden_states.shape[0], group, hidden_states.device)
+    if sizes is None:
+        sizes = ep_sizes(hidden_states.shape[0], group, hidden_states.device)
+    sizes = [int(n) for n in sizes]
+    assert len(sizes) == group_size(group) and sizes[rank] == hidden_states.shape[0], (sizes, rank)
     plan = MissPlan(tuple(sizes), rank)
     if on_plan is not None:
         on_plan(plan)

@@ -119,6 +119,15 @@ def _group() -> Any:
     return par.moe_ep_group.device_group if int(par.moe_ep_size) > 1 else None
 
 
+def _capture_sizes(group: Any, rows: int) -> Optional[list[int]]:
+    """Under CUDA-graph capture every rank of the group captures the same padded size (DP attention pads to the
+    bucket, attention TP splits evenly), and the count all-gather's host read cannot be captured: the sizes are
+    known. None (all-gather them) otherwise."""
+    if not bool(_mod("sglang.srt.layers.moe.mega_moe").get_is_capture_mode()):
+        return None
+    return [rows] * miss.group_size(group)
+
+
 def _standard_routing(topk_output: Any, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     topk_mod = _mod("sglang.srt.layers.moe.topk")
     if topk_mod.TopKOutputChecker.format_is_bypassed(topk_output):
@@ -152,7 +161,9 @@ def forward_miss_glm4(block: Any, hidden_states: torch.Tensor, decision: select.
         return out
 
     shared = (lambda: block.shared_experts(hidden_states)) if plan.has_separate_shared and n > 0 else None
-    y = miss.gathered_moe(hidden_states, ids, weights, group=_group(), local_experts=local, shared=shared)
+    group = _group()
+    y = miss.gathered_moe(hidden_states, ids, weights, group=group, local_experts=local, shared=shared,
+                          sizes=_capture_sizes(group, n))
     miss.COUNTERS.count("glm4", decision.reason, n)
     return y
 
@@ -189,9 +200,10 @@ def forward_miss_dsv2(moe: Any, hidden_states: torch.Tensor, forward_batch: Any,
     def shared():
         return moe._forward_shared_experts(hidden_states)
 
-    y = miss.gathered_moe(hidden_states, ids, weights, group=_group(), local_experts=local,
+    group = _group()
+    y = miss.gathered_moe(hidden_states, ids, weights, group=group, local_experts=local,
                           shared=shared if moe.num_fused_shared_experts == 0 and moe.shared_experts is not None
-                          else None)
+                          else None, sizes=_capture_sizes(group, n))
     miss.COUNTERS.count("glm5", decision.reason, n)
     return y
 

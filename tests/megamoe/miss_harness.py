@@ -232,6 +232,13 @@ def main() -> None:
     run("capture_takes_the_kernel", ([3, 3, 3, 3] + pad)[:WORLD], capture=True)
     experts._mega_moe_weights_built = False  # the layer's MegaMoE weights not ready: every batch misses
     run("not_ready", ([4, 0, 9, 2] + pad)[:WORLD])
+    # ... under capture too (a layer MegaMoE cannot read captures its miss path): every rank captures the same
+    # size, and the count all-gather (a host read, not capturable) is not made.
+    sizes_gathered = []
+    real_ep_sizes = miss.ep_sizes
+    with mock.patch.object(miss, "ep_sizes", lambda *a, **k: sizes_gathered.append(1) or real_ep_sizes(*a, **k)):
+        run("not_ready_capture", [6] * WORLD, capture=True)
+    results["runs"]["not_ready_capture"]["count_all_gathers"] = len(sizes_gathered)
     experts._mega_moe_weights_built = True
     results["counters"] = miss.COUNTERS.snapshot()
 
