@@ -13,6 +13,8 @@ Issue 22 added: the kernel after a weight update of some experts through the plu
 (weight_update.hook_weight_loader_impl around FusedMoE._load_w13's in-place write), and the shared expert overlapped
 with the kernel on an alternate stream (glm4.routed_plus_shared) vs one stream, under CUDA graphs: identical output
 and the time per block.
+Issue 26 added the miss path's SM90 relayout of a GLM-4.5 layer (miss_hooks.runner_layout): bytes round-trip and
+the time per miss per layer (RESULT: 10 PASS on the H200, 2026-12-02: 1.008 ms, the stack relayout 1.984 ms).
 Runs (docs_internal/megamoe.md section 3): H200, torch 2.11.0+cu130, sgl-deep-gemm 0.1.5.post1 + apache-tvm-ffi
 0.1.11 (the pinned 0.2.3.post2 is built for a newer torch than 2.11): RESULT: 7 PASS, 0 FAIL, 0 SKIP, 2026-12-01.
 """
@@ -384,6 +386,52 @@ def _():
                      f"({100 * (one - two) / one:.1f}%), identical={identical}, "
                      f"rounds one {[round(t, 1) for t in times['one']]} two {[round(t, 1) for t in times['two']]}")
     return "; ".join(lines)
+
+
+@check("miss path: the SM90 relayout of a GLM-4.5 layer's local w13 at EP8 (20 x 3072 x 5120 FP8) for SGLang's "
+       "runner and back (miss_hooks.runner_layout's calls): bytes round-trip, time per miss per layer")
+def _():
+    if DEV.type != "cuda":
+        raise Skip("not on a CUDA device")
+    experts, rows, hid = 20, 2 * 1536, 5120
+    g = torch.Generator(device=DEV).manual_seed(3)
+    w13 = torch.randint(0, 255, (experts, rows, hid), dtype=torch.uint8, device=DEV, generator=g).view(
+        torch.float8_e4m3fn)
+    before = w13.view(torch.uint8).clone()
+    every = range(experts)
+    for _ in range(2):  # warm-up
+        sm90_fp8.deinterleave_experts_(w13, every)
+        sm90_fp8.interleave_experts_(w13, every)
+    torch.cuda.synchronize()
+    assert torch.equal(w13.view(torch.uint8), before)
+    plain = sm90_fp8.deinterleave_gate_up(w13.view(torch.uint8))
+    sm90_fp8.deinterleave_experts_(w13, every)
+    assert torch.equal(w13.view(torch.uint8), plain)  # what SGLang's runner reads: [gate; up]
+    sm90_fp8.interleave_experts_(w13, every)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        sm90_fp8.deinterleave_experts_(w13, every)
+        sm90_fp8.interleave_experts_(w13, every)
+    end.record()
+    torch.cuda.synchronize()
+    ms = start.elapsed_time(end) / 10
+    raw = w13.view(torch.uint8)  # side by side: the reshape/stack relayout issue 22 shipped, per expert
+    start.record()
+    for _ in range(10):
+        for e in every:
+            raw[e].copy_(sm90_fp8.deinterleave_gate_up(raw[e:e + 1])[0])
+        for e in every:
+            raw[e].copy_(sm90_fp8.interleave_gate_up(raw[e:e + 1])[0])
+    end.record()
+    torch.cuda.synchronize()
+    ms_stack = start.elapsed_time(end) / 10
+    assert torch.equal(raw, before)
+    moved = 4 * w13.numel()  # read + write, twice
+    return (f"{ms:.3f} ms per miss per layer ({moved / ms / 1e6:.0f} GB/s effective; the stack relayout "
+            f"{ms_stack:.3f} ms); x 89 layers = {89 * ms:.1f} ms per step; scratch {rows * hid / 1e6:.1f} MB "
+            "(one expert)")
 
 
 n_fail = sum(s == "FAIL" for s, _, _ in RESULTS)

@@ -9,17 +9,21 @@ plugin flag (`feature.FEATURE.active_when`).
 
 Under megamoe SGLang hands every rank's MoE block a different slice of the tokens and sums nothing afterwards
 (docs_internal/megamoe.md), so SGLang's stock fused-MoE path is silently wrong there for tp > 1, for GLM-4.x's
-`Glm4MoeSparseMoeBlock` and for GLM-5.x's `DeepseekV2MoE` alike. The plugin therefore makes every GLM MoE layer
-take the MegaMoE kernel, refuses at startup every configuration where a batch could miss it, and raises (on every
-rank alike) rather than run the stock path if one ever does. FP4 experts (docs_internal/megamoe_fp4.md): ModelOpt
+`Glm4MoeSparseMoeBlock` and for GLM-5.x's `DeepseekV2MoE` alike. The plugin therefore never runs it: a batch takes
+the MegaMoE kernel or, when the kernel cannot take it, the gathered miss path (`miss`, `miss_hooks`: rows and
+routing all-gathered over the EP group, this rank's experts through SGLang's own runner, partial sums
+reduce-scattered back), decided alike on every rank; only layers keeping no layout for the miss are held to the
+cap at startup. FP4 experts (docs_internal/megamoe_fp4.md): ModelOpt
 NVFP4 keeps FlashInfer's TRTLLM layout and MegaMoE reads the same storage (`weight_layout="trtllm"`); NVFP4 and
 MXFP4 scale groups are checked against what the checkpoint loaded; MXFP4 says at startup it keeps no fallback.
 
 Pure core (no SGLang, no deep_gemm at import): `select` (the per-batch decision), `routing` (router output -> the
 kernel's ids and weights), `glm4` (a GLM-4 block's plan and the arguments handed to the kernel runner), `sm90_fp8`
-(the SM90 FP8 weight layout and a dequantised reference of the kernel), `guard` (startup refusals), `fp4_layout`
+(the SM90 FP8 weight layout and a dequantised reference of the kernel), `miss` (the miss path's collectives and
+counters), `guard` (startup refusals and what the miss path serves), `fp4_layout`
 (FP4 recipes and scale-group checks, the MegaMoE shape rule, NVFP4 alphas, the MegaMoE views of the TRTLLM
 tensors, memory accounting), `hardware` (which MegaMoE kernels this machine and its deep_gemm can run).
-The SGLang side: `hooks` (GLM MoE layers, launch and load checks) and `fp4_hooks` (FP4 weights), declared in
+The SGLang side: `hooks` (GLM MoE layers, launch and load checks), `miss_hooks` (the miss path's layouts and
+runner), `weight_update` (weight updates) and `fp4_hooks` (FP4 weights), declared in
 `patches`; `feature` (FEATURE, its env vars); `doctor` (its part of `sglang-glm-ext doctor`).
 """

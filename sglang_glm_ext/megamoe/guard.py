@@ -100,23 +100,73 @@ def builder_for(quant: ExpertQuant, sm: int) -> Optional[str]:
     return _BUILDERS.get((quant.kind, sm // 10))
 
 
-def quant_problem(quant: ExpertQuant, sm: Optional[int]) -> Optional[str]:
+# Which layout the miss path's runner reads, per expert format and SM (miss_hooks.fallback_kind checks each layer
+# at load): the MegaMoE kernel cannot take a batch above the cap, or any batch of a layer it cannot read, and
+# SGLang's own runner then serves it over the gathered rows (miss.py).
+FALLBACKS = {
+    "sm90_relayout": "block-FP8 experts on SM90: w13 is laid back to [gate; up] around SGLang's FP8 runner for the "
+                     "miss, then interleaved again (no copy kept)",
+    "stock": "experts MegaMoE does not read keep their checkpoint layout: SGLang's runner for it",
+    "nvfp4_trtllm": "NVFP4 experts keep FlashInfer's TRTLLM layout (the kernel reads it too): SGLang's TRTLLM runner",
+}
+
+
+def fallback_for(quant: ExpertQuant, sm: Optional[int], *, keep_trtllm: bool = True) -> Optional[str]:
+    """The layout kept for the miss path (a FALLBACKS key), or None when the layer keeps none SGLang can run here."""
+    if sm is None or sm // 10 not in (9, 10):  # megamoe runs on SM90 / SM100 only (mega_moe_hook.py:38-48)
+        return None
+    major = sm // 10
+    if quant.kind == "fp8_block128":
+        return "sm90_relayout" if major == 9 else "stock"
+    if quant.kind in ("bf16", "fp8_other"):
+        return "stock"
+    if quant.kind == "nvfp4" and major == 10 and keep_trtllm:
+        return "nvfp4_trtllm"
+    return None
+
+
+def no_fallback_why(quant: ExpertQuant, sm: Optional[int]) -> str:
+    if quant.kind == "mxfp4":
+        return ("MXFP4 experts are repacked in place for the MegaMoE kernel and keep no layout another runner reads "
+                "(deep_gemm's TRTLLM layout is NVFP4-only)")
+    if quant.kind == "nvfp4":
+        return ("NVFP4 experts keep FlashInfer's TRTLLM layout for the miss path only on SM100 with the TRTLLM runner "
+                "and SGLANG_GLM_EXT_MEGAMOE_FP4_KEEP_TRTLLM=1")
+    return f"quantisation {quant.detail!r} keeps no layout the plugin's miss path runs"
+
+
+def quant_problem(quant: ExpertQuant, sm: Optional[int], *, keep_trtllm: bool = True) -> Optional[str]:
+    """Why this GLM launch's experts can be served neither by the MegaMoE kernel nor by the miss path."""
     if sm is None:
         return "no CUDA GPU is visible: the MegaMoE kernels need SM90 (block-FP8 experts) or SM100 (FP4 experts)"
-    if builder_for(quant, sm) is not None:
+    if builder_for(quant, sm) is not None or fallback_for(quant, sm, keep_trtllm=keep_trtllm) is not None:
+        return None
+    if quant.kind in ("nvfp4", "mxfp4") and sm // 10 == 9:
+        why = (f"{quant.kind.upper()} experts need the FP4 MegaMoE kernels, which are SM100-only; this GPU is SM{sm} "
+               "(on SM90 only block-FP8 experts run MegaMoE), and under megamoe the plugin keeps no layout for "
+               "SGLang's Marlin / Triton runner to serve them instead")
+    elif quant.kind == "nvfp4":
+        why = "NVFP4 experts here keep no layout the miss path runs (SGLANG_GLM_EXT_MEGAMOE_FP4_KEEP_TRTLLM=0?)"
+    else:
+        why = f"quantisation {quant.detail!r} has no MegaMoE builder on SM{sm} and no layout the miss path runs"
+    return why + "; use another --moe-a2a-backend for this checkpoint"
+
+
+def served_by_miss_path(quant: ExpertQuant, sm: Optional[int], *, keep_trtllm: bool = True) -> Optional[str]:
+    """A layer kind MegaMoE cannot read on this GPU but the miss path serves: every batch takes it (said at
+    startup). None when the kernel reads these experts."""
+    if sm is None or builder_for(quant, sm) is not None:
+        return None
+    kind = fallback_for(quant, sm, keep_trtllm=keep_trtllm)
+    if kind is None:
         return None
     if quant.kind == "bf16":
-        why = "bf16/fp16 experts have no MegaMoE kernel in SGLang 0.5.23 (DeepGEMM's bf16 MegaMoE is not wired)"
-    elif quant.kind in ("nvfp4", "mxfp4") and sm // 10 == 9:
-        why = (f"{quant.kind.upper()} experts need the FP4 MegaMoE kernels, which are SM100-only; this GPU is SM{sm} "
-               "(on SM90 only block-FP8 experts run MegaMoE)")
+        what = "bf16/fp16 experts (no MegaMoE kernel reads them)"
     elif quant.kind == "fp8_block128":
-        why = f"block-FP8 experts run MegaMoE on SM90 only; this GPU is SM{sm} (on SM100 MegaMoE needs FP4 experts)"
-    elif quant.kind == "fp8_other":
-        why = f"FP8 experts without 128x128 block scales ({quant.detail}) have no MegaMoE builder"
+        what = f"block-FP8 experts on SM{sm} (MegaMoE runs FP8 on SM90 only)"
     else:
-        why = f"quantisation {quant.detail!r} has no MegaMoE builder on SM{sm}"
-    return why + "; use another --moe-a2a-backend for this checkpoint"
+        what = f"{quant.detail or quant.kind} experts (no MegaMoE builder)"
+    return f"every MoE layer takes the gathered miss path on every batch: {what}; {FALLBACKS[kind]}"
 
 
 _EXCLUDE_KEYS = ("ignored_layers", "ignore", "modules_to_not_convert", "exclude_modules", "exclude_layers")
@@ -179,6 +229,16 @@ class BudgetFacts:
     num_steps: int = 0
     multi_layer_eagle: bool = False
     frozen_kv_mtp: bool = False
+    decode_graph_bs: tuple[int, ...] = ()  # captured decode CUDA-graph sizes; () when decode graphs are off
+    # Every MoE layer keeps a layout SGLang's own runner reads (`fallback_for`): an eager batch above the cap takes
+    # the gathered miss path (miss.py) instead of being refused. Captured graphs always run the kernel.
+    miss_path: bool = False
+
+
+@dataclass(frozen=True)
+class BudgetResult:
+    problems: list[str]  # refusals, one line each with the fix
+    served: list[str]  # eager batches above the cap that the miss path serves (logged at startup)
 
 
 def per_worker_requests(f: BudgetFacts) -> int:
@@ -215,20 +275,52 @@ def decode_width(f: BudgetFacts) -> tuple[int, str]:
 
 
 def budget_problems(f: BudgetFacts) -> list[str]:
-    """Every batch SGLang's scheduler bounds allow on one rank that would exceed the cap, each with the flag to
-    change. [] when every prefill, decode, verify and draft batch fits."""
-    problems: list[str] = []
+    return budget_check(f).problems
+
+
+def budget_check(f: BudgetFacts) -> BudgetResult:
+    """Every batch SGLang's scheduler bounds allow on one rank that would exceed the cap. An eager one is a refusal
+    naming the flag to change, or, with the miss path (`f.miss_path`), served by it (`served`). A captured CUDA
+    graph always runs the MegaMoE kernel (the gate says yes under capture, mega_moe.py:184), so a captured size
+    above the cap is a refusal either way."""
+    eager: list[str] = []
     cap = f.cap
     if f.disaggregation_mode != "decode":
         chunk = f.chunked_prefill_size
         if chunk is None or chunk <= 0:
-            problems.append(f"chunked prefill is off (--chunked-prefill-size {f.chunk_asked}), so nothing bounds a "
-                            f"prefill batch; set --chunked-prefill-size to at most {cap * max(f.attn_dp_size, 1)}")
+            eager.append(f"chunked prefill is off (--chunked-prefill-size {f.chunk_asked}), so nothing bounds a "
+                         f"prefill batch; set --chunked-prefill-size to at most {cap * max(f.attn_dp_size, 1)}")
         else:
-            problems.extend(_prefill_problems(f, chunk))
+            eager.extend(_prefill_problems(f, chunk))
     if f.disaggregation_mode != "prefill":
-        problems.extend(_decode_problems(f))
-    return problems
+        eager.extend(_decode_problems(f))
+    captured = _captured_problems(f)
+    if f.miss_path:
+        return BudgetResult(captured, eager)
+    return BudgetResult(eager + [p for p in captured if p not in eager], [])
+
+
+def _captured_problems(f: BudgetFacts) -> list[str]:
+    cap, out = f.cap, []
+    if f.prefill_graph_bs and f.disaggregation_mode != "decode" and max(f.prefill_graph_bs) > cap:
+        out.append(f"a prefill CUDA graph is captured at {max(f.prefill_graph_bs)} tokens per rank, above the cap "
+                   f"{cap}, and a captured graph always runs the MegaMoE kernel; lower --cuda-graph-max-bs-prefill "
+                   f"to {cap} (or --cuda-graph-backend-prefill disabled) or raise {CAP_ENV} to "
+                   f"{max(f.prefill_graph_bs)}")
+    if f.decode_graph_bs and f.disaggregation_mode != "prefill":
+        width, why = decode_width(f)
+        top = max(f.decode_graph_bs)
+        if f.max_running_requests is not None:
+            top = min(top, ceil_align(per_worker_requests(f), f.attn_tp_size))  # get_batch_sizes_to_capture
+        bs = top * (f.eagle_topk if f.frozen_kv_mtp and f.eagle_topk > 1 else 1)
+        tokens = ceil_align(bs * width, f.attn_tp_size)
+        if tokens > cap:
+            fit = (cap // width) // max(f.attn_tp_size, 1) * max(f.attn_tp_size, 1)
+            out.append(f"a decode CUDA graph is captured at {top} requests x {width} tokens ({why}) = {tokens} "
+                       f"tokens per rank, above the cap {cap}, and a captured graph always runs the MegaMoE kernel; "
+                       + (f"lower --cuda-graph-max-bs-decode to {fit}" if fit else "no decode graph size fits")
+                       + f" or raise {CAP_ENV} to {tokens}")
+    return out
 
 
 def _prefill_problems(f: BudgetFacts, chunk: int) -> list[str]:
@@ -315,8 +407,38 @@ class LaunchFacts:
     deep_gemm_api: frozenset[str]  # public names of the importable deep_gemm, empty when it does not import
     deep_gemm_error: str = ""
     retired_env: Mapping[str, str] = field(default_factory=dict)  # retired names that are set -> their value
-    budget: tuple[str, ...] = ()  # budget_problems(...) for this launch
+    budget: tuple[str, ...] = ()  # budget_check(...).problems for this launch
     ep_num_redundant_experts: int = 0
+    keep_trtllm: bool = True  # SGLANG_GLM_EXT_MEGAMOE_FP4_KEEP_TRTLLM, with the TRTLLM runner the layer would get
+
+
+def miss_path_available(f: LaunchFacts) -> bool:
+    """Every GLM MoE layer of this launch keeps a layout the miss path runs (excluded layers stay unquantised:
+    their checkpoint layout, SGLang's unquantised runner), so an eager batch above the cap can be served."""
+    if f.arch in GLM_NO_MEGAMOE_ARCHS:
+        return False
+    quant = classify_experts(f.quantization, f.hf_quant_config)
+    return fallback_for(quant, f.sm, keep_trtllm=f.keep_trtllm) is not None
+
+
+def served_notes(f: LaunchFacts, budget_served: list[str] = ()) -> list[str]:
+    """What this launch serves through the miss path, for the startup log (a default that changes what a launch
+    does is said when it starts)."""
+    quant = classify_experts(f.quantization, f.hf_quant_config)
+    notes = []
+    every = served_by_miss_path(quant, f.sm, keep_trtllm=f.keep_trtllm)
+    if every:
+        notes.append(every)
+    for layer, entries in sorted(excluded_moe_layers(f.hf_quant_config).items()):
+        if layer >= f.num_hidden_layers and not f.speculative:
+            continue
+        notes.append(f"layer {layer}'s experts are excluded from quantisation ({', '.join(entries[:3])}): every batch "
+                     "of that layer takes the gathered miss path on SGLang's unquantised runner")
+    kind = fallback_for(quant, f.sm, keep_trtllm=f.keep_trtllm)
+    for line in budget_served:
+        notes.append("a batch above the cap takes the gathered miss path (" + FALLBACKS.get(kind or "", "") + "): "
+                     + line.split("; ")[0])
+    return notes
 
 
 SM90_KERNEL_API = frozenset({"fp8_mega_moe", "mega_moe_pre_dispatch_sm90", "get_symm_buffer_for_mega_moe"})
@@ -345,18 +467,15 @@ def check_launch(f: LaunchFacts) -> list[str]:
                         "stock fused MoE, which is wrong under megamoe for tp > 1; use another --moe-a2a-backend")
         return problems
     quant = classify_experts(f.quantization, f.hf_quant_config)
-    qp = quant_problem(quant, f.sm)
+    qp = quant_problem(quant, f.sm, keep_trtllm=f.keep_trtllm)
     if qp:
         problems.append(qp)
     if f.sm is not None and f.sm // 10 == 9 and f.enable_w4a4_mxfp4_megamoe:
         problems.append("--enable-w4a4-mxfp4-megamoe selects an FP4 MegaMoE kernel, which is SM100-only; drop it "
                         "on SM90")
-    for layer, entries in sorted(excluded_moe_layers(f.hf_quant_config).items()):
-        if layer >= f.num_hidden_layers and not f.speculative:
-            continue  # the MTP layer is only built for speculative decoding
-        problems.append(f"layer {layer}'s experts are excluded from quantisation ({', '.join(entries[:3])}), so "
-                        "they stay unquantised and have no MegaMoE builder; use another --moe-a2a-backend")
-    if f.sm is not None and not qp:
+    # Layers excluded from quantisation stay unquantised: SGLang's unquantised runner serves them through the miss
+    # path on every batch (served_notes says so at startup); nothing to refuse.
+    if f.sm is not None and not qp and builder_for(quant, f.sm) is not None:
         kp = kernel_api_problem(f.sm, f.deep_gemm_api, f.deep_gemm_error)
         if kp:
             problems.append(kp)

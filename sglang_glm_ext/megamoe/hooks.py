@@ -27,6 +27,7 @@ so the hooks and SGLang cannot disagree about a layer (after resolution the two 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import os
@@ -41,6 +42,7 @@ logger = logging.getLogger("sglang_glm_ext")
 
 _MODULES: dict[str, Any] = {}
 _PLAN_ATTR = "_glm_ext_mega_plan"
+FALLBACK_ATTR = "_glm_ext_miss_fallback"  # = miss_hooks.FALLBACK_ATTR (kept here: gate_inputs reads it per batch)
 GUARD_ATTR = "_glm_ext_megamoe_guard"  # set at load on the MoE modules of a GLM model under megamoe
 
 
@@ -73,6 +75,7 @@ def gate_inputs(experts: Any, hidden_states: torch.Tensor) -> select.GateInputs:
         local_rows=int(hidden_states.shape[0]),
         cap=int(mm.envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get()),
         use_global_num_tokens=not mm.is_dsa_enable_prefill_cp(),
+        fallback=experts.__dict__.get(FALLBACK_ATTR) is not None,
     )
 
 
@@ -114,13 +117,19 @@ def hook_glm4_init(result, self, config, layer_id, quant_config=None, prefix="",
 
 
 def hook_glm4_forward(original: Callable, self, hidden_states: torch.Tensor, forward_batch=None, *args, **kwargs):
-    """AROUND Glm4MoeSparseMoeBlock.forward. Under megamoe: the MegaMoE kernel or MegaMoEMissError, never
-    SGLang's stock paths; otherwise `original`, untouched."""
+    """AROUND Glm4MoeSparseMoeBlock.forward. Under megamoe: the MegaMoE kernel, the gathered miss path
+    (miss_hooks) for a batch the kernel cannot take, or MegaMoEMissError for a layer that keeps no layout for it;
+    never SGLang's stock paths (wrong there for ep > 1). Otherwise `original`, untouched."""
     if not megamoe_on():
         return original(self, hidden_states, forward_batch, *args, **kwargs)
-    decision = select.decide(gate_inputs(self.experts, hidden_states))
+    inputs = gate_inputs(self.experts, hidden_states)
+    decision = select.decide(inputs)
+    if decision.path is select.Path.MISS:
+        from .miss_hooks import forward_miss_glm4
+
+        return forward_miss_glm4(self, hidden_states, decision)
     if not decision.mega:
-        raise select.MegaMoEMissError(select.miss_message(f"GLM-4 MoE layer {self.layer_id}", decision))
+        raise select.MegaMoEMissError(select.miss_message(f"GLM-4 MoE layer {self.layer_id}", decision, inputs.cap))
     return forward_mega(self, hidden_states)
 
 
@@ -167,10 +176,13 @@ def hook_should_use_mega_moe(original: Callable, moe, hidden_states, *args, **kw
     result = original(moe, hidden_states, *args, **kwargs)
     if result or not getattr(moe, GUARD_ATTR, False) or not megamoe_on():
         return result
-    decision = select.decide(gate_inputs(moe.experts, hidden_states))
-    if decision.mega:  # SGLang said no for a reason of its own (e.g. ROCm); still not the stock path
+    inputs = gate_inputs(moe.experts, hidden_states)
+    decision = select.decide(inputs)
+    if decision.path is not select.Path.REFUSE:  # a miss is taken before (miss_hooks.hook_dsv2_forward); SGLang
+        # said no for a reason of its own (e.g. ROCm): still not the stock path
         decision = select.Decision(select.Path.REFUSE, decision.tokens_per_rank, "SGLang's MegaMoE gate declined")
-    raise select.MegaMoEMissError(select.miss_message(f"GLM MoE layer {getattr(moe, 'layer_id', '?')}", decision))
+    raise select.MegaMoEMissError(select.miss_message(f"GLM MoE layer {getattr(moe, 'layer_id', '?')}", decision,
+                                                      inputs.cap))
 
 
 # ---------------------------------------------------------------- startup
@@ -197,7 +209,7 @@ def retired_env() -> dict[str, str]:
     return {n: os.environ[n] for n in guard.RETIRED_ENV if os.environ.get(n, "") not in ("", "0")}
 
 
-def budget_facts(server_args: Any, cfg: Any, cap: int) -> guard.BudgetFacts:
+def budget_facts(server_args: Any, cfg: Any, cap: int, *, miss_path: bool = False) -> guard.BudgetFacts:
     """The facts `guard.budget_problems` reads, from SGLang's resolving view (the hook runs after speculative
     resolution, so draft widths are final) and SGLang's own helpers for the two bounds it computes itself: the
     prefill ceiling (`overrides.max_prefill_buffer_tokens`, PP dynamic chunking included) and the largest draft
@@ -206,8 +218,11 @@ def budget_facts(server_args: Any, cfg: Any, cap: int) -> guard.BudgetFacts:
     rc = _mod("sglang.srt.runtime_context")
     graphs = cfg.cuda_graph_config
     prefill_bs: tuple[int, ...] = ()
+    decode_bs: tuple[int, ...] = ()
     if graphs is not None and str(getattr(graphs.prefill, "backend", "disabled")) != "disabled":
         prefill_bs = tuple(int(b) for b in (graphs.prefill.bs or ()))
+    if graphs is not None and str(getattr(graphs.decode, "backend", "disabled")) != "disabled":
+        decode_bs = tuple(int(b) for b in (graphs.decode.bs or ()))
     algo = cfg.speculative_algorithm
     max_draft = static_draft = 1
     frozen = False
@@ -244,14 +259,27 @@ def budget_facts(server_args: Any, cfg: Any, cap: int) -> guard.BudgetFacts:
         num_steps=int(cfg.speculative_num_steps or 0) if algo else 0,
         multi_layer_eagle=bool(getattr(cfg, "enable_multi_layer_eagle", False)),
         frozen_kv_mtp=frozen,
+        decode_graph_bs=decode_bs,
+        miss_path=miss_path,
     )
 
 
+def keeps_trtllm(cfg: Any, sm: Optional[int]) -> bool:
+    """Whether ModelOpt NVFP4 experts keep FlashInfer's TRTLLM layout under megamoe here (fp4_hooks): the opt-out
+    is off and the runner the layer would get is TRTLLM (auto on SM100, or asked for)."""
+    from .feature import FP4_KEEP_TRTLLM
+
+    runner = str(getattr(cfg, "moe_runner_backend", "auto") or "auto")
+    return (FP4_KEEP_TRTLLM.get_bool() and sm is not None and sm // 10 == 10
+            and runner in ("auto", "flashinfer_trtllm", "flashinfer_trtllm_routed"))
+
+
 def launch_facts(server_args: Any, cfg: Any, model_config: Any, arch: str, *, sm: Optional[int], api: frozenset,
-                 api_error: str, cap: int) -> guard.LaunchFacts:
+                 api_error: str, cap: int) -> tuple[guard.LaunchFacts, list[str]]:
+    """The launch's facts (budget problems included) and the startup notes of what the miss path serves."""
     hf_config = model_config.hf_config
     text_config = getattr(hf_config, "text_config", None) or hf_config
-    return guard.LaunchFacts(
+    facts = guard.LaunchFacts(
         arch=arch,
         quantization=cfg.quantization,
         hf_quant_config=model_config.hf_quant_config or {},
@@ -263,9 +291,18 @@ def launch_facts(server_args: Any, cfg: Any, model_config: Any, arch: str, *, sm
         deep_gemm_api=api,
         deep_gemm_error=api_error,
         retired_env=retired_env(),
-        budget=tuple(guard.budget_problems(budget_facts(server_args, cfg, cap))),
         ep_num_redundant_experts=int(getattr(cfg, "ep_num_redundant_experts", 0) or 0),
+        keep_trtllm=keeps_trtllm(cfg, sm),
     )
+    miss_ok = guard.miss_path_available(facts)
+    budget = guard.budget_check(budget_facts(server_args, cfg, cap, miss_path=miss_ok))
+    problems = list(budget.problems)
+    if problems and not miss_ok and sm is not None:
+        quant = guard.classify_experts(facts.quantization, facts.hf_quant_config)
+        problems.append("the gathered miss path cannot serve those batches instead: "
+                        + guard.no_fallback_why(quant, sm))
+    facts = dataclasses.replace(facts, budget=tuple(problems))
+    return facts, guard.served_notes(facts, budget.served)
 
 
 def hook_token_budget(original: Callable, server_args, *args, **kwargs):
@@ -298,13 +335,15 @@ def hook_token_budget(original: Callable, server_args, *args, **kwargs):
     cap = int(mh.envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get())
     sm = _platform_sm()
     api, api_error = _probe_api() if sm is not None else (frozenset(), "")
-    problems = guard.check_launch(launch_facts(server_args, cfg, model_config, arch, sm=sm, api=api,
-                                               api_error=api_error, cap=cap))
-    if sglang_said and not problems:
-        problems.append(sglang_said)
+    facts, served = launch_facts(server_args, cfg, model_config, arch, sm=sm, api=api, api_error=api_error, cap=cap)
+    problems = guard.check_launch(facts)
+    if sglang_said and not problems and not served:
+        problems.append(sglang_said)  # SGLang's own (NVFP4) budget refusal, unless the miss path serves it
     if problems:
         raise guard.MegaMoELaunchError(guard.launch_message(arch, problems))
     logger.info("sglang-glm-ext megamoe: %s passes the MegaMoE launch checks (cap %d tokens per rank)", arch, cap)
+    for note in served:
+        logger.info("sglang-glm-ext megamoe: %s: %s", arch, note)
     return None
 
 
@@ -365,11 +404,29 @@ def materialise_bypassed_routing(moe: Any, name: str = "") -> bool:
     return True
 
 
+def _batches_above_cap() -> bool:
+    """Whether this launch's scheduler bounds let an eager batch exceed the cap (the launch check's own bound, on
+    the published arguments), so that every layer must keep a layout for the miss path."""
+    try:
+        rc = _mod("sglang.srt.runtime_context")
+        sa = rc.get_server_args()
+        cfg = _mod("sglang.srt.arg_groups.overrides").resolving_view(sa)
+        cap = int(_mega().envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get())
+        return bool(guard.budget_check(budget_facts(sa, cfg, cap, miss_path=True)).served)
+    except Exception:  # nothing published (a unit test's bare model): only readiness decides
+        return False
+
+
 def check_loaded_model(model: Any, arch: str) -> list[str]:
-    """Mark a GLM model's MoE modules for the runtime guard and list the layers that cannot take MegaMoE."""
+    """Mark a GLM model's MoE modules for the runtime guard, record each one's miss-path layout, and list the
+    layers that can serve neither the kernel nor the miss path."""
+    from .miss_hooks import prepare_fallback
+
     glm_block, dsv2_moe = _moe_classes()
     mm = _mega()
     problems = []
+    always_miss, kinds = [], {}
+    above_cap = None
     for name, module in model.named_modules():
         is_glm4 = glm_block is not None and isinstance(module, glm_block)
         if not (is_glm4 or (dsv2_moe is not None and isinstance(module, dsv2_moe))):
@@ -384,14 +441,33 @@ def check_loaded_model(model: Any, arch: str) -> list[str]:
             except glm4.PlanError as exc:
                 problems.append(str(exc))
         experts = module.experts
+        kind = prepare_fallback(experts, module)
+        kinds[kind] = kinds.get(kind, 0) + 1
         if not mm.is_mega_moe_experts_ready(experts):
+            if kind is not None:
+                always_miss.append(name)
+                continue
             sm = int(getattr(mm, "_device_sm", 0) or 0)
             dg_api, _ = _probe_api()
             problems.append(f"{name}: " + guard.not_ready_reason(
                 built=bool(getattr(experts, "_mega_moe_weights_built", False)), sm=sm,
                 sm90_fp8_weights=bool(getattr(experts, "_mega_moe_sm90_fp8_weights", False)),
                 has_sm90_api={"fp8_mega_moe", "mega_moe_pre_dispatch_sm90"} <= dg_api,
-                quant_method=type(getattr(experts, "quant_method", None)).__name__))
+                quant_method=type(getattr(experts, "quant_method", None)).__name__)
+                + ", and it keeps no layout the miss path runs; use another --moe-a2a-backend")
+        elif kind is None:
+            above_cap = _batches_above_cap() if above_cap is None else above_cap
+            if above_cap:
+                problems.append(f"{name}: batches above SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK can "
+                                "reach this layer and its MegaMoE-only layout keeps nothing the miss path runs; "
+                                "lower the launch's batch bounds to the cap (the launch check names them)")
+    if always_miss:
+        logger.info("sglang-glm-ext megamoe: %d MoE layer(s) take the gathered miss path on every batch (MegaMoE "
+                    "cannot read their experts on this GPU): %s", len(always_miss),
+                    ", ".join(always_miss[:4]) + (" ..." if len(always_miss) > 4 else ""))
+    if kinds:
+        logger.info("sglang-glm-ext megamoe: miss-path layouts of the MoE layers: %s",
+                    ", ".join(f"{k or 'none (kernel only)'} x{v}" for k, v in kinds.items()))
     return problems
 
 
@@ -404,7 +480,11 @@ def hook_load_check(result, runner, *args, **kwargs):
     if arch not in guard.GLM_ARCHS:
         return None
     problems = check_loaded_model(runner.model, arch)
+    from .miss import COUNTERS
     from .weight_update import mark_refused_layers
+
+    if getattr(getattr(runner, "server_args", None), "enable_metrics", False):
+        COUNTERS.attach_prometheus()
 
     refused = mark_refused_layers(runner.model)
     if refused:

@@ -64,6 +64,24 @@ PATCHES: tuple[Patch, ...] = (
         source_sha="6d9a288654a3fdb7",
     ),
     Patch(
+        id="megamoe.dsv2_miss",
+        target="sglang.srt.models.deepseek_v2.DeepseekV2MoE.forward",
+        hook_type="around",
+        hook="sglang_glm_ext.megamoe.miss_hooks:hook_dsv2_forward",
+        feature=FEATURE,
+        tier=Tier.FEATURE,
+        reason="GLM-5.x's MoE block under megamoe: a batch the MegaMoE kernel cannot take (above the cap, or "
+        "experts it cannot read here) runs the gathered miss path (rows and routing all-gathered over the EP "
+        "group, this rank's experts through SGLang's own runner, partial sums reduce-scattered back, the "
+        "replicated shared expert added) instead of forward_normal, which is wrong there for ep > 1.",
+        seed_lines="10-29 (the MegaMoE fallback)",
+        sglang_versions=("0.5.23",),
+        remove_when="SGLang's megamoe miss path gathers tokens over the EP group itself.",
+        signature=("self", "hidden_states", "forward_batch", "gemm_output_zero_allocator", "input_ids",
+                   "input_ids_global", "skip_shared_experts", "return_moe_output", "leave_output_sum"),
+        source_sha="f3a64ad5dbad841b",
+    ),
+    Patch(
         id="megamoe.launch_check",
         target="sglang.srt.arg_groups.mega_moe_hook.validate_mega_moe_token_budget_for_model",
         hook_type="around",

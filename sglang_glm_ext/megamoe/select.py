@@ -18,7 +18,11 @@ class Path(str, enum.Enum):
     # The a2a backend is not megamoe: SGLang's own paths are correct, leave the layer alone.
     STOCK = "stock"
     MEGA = "mega"
-    # Under megamoe but the kernel cannot take this batch; the stock path would compute a wrong answer.
+    # Under megamoe, the kernel cannot take this batch, and the layer keeps a layout SGLang's own runner reads:
+    # the gathered miss path (miss.py) serves it, on every rank of the group alike.
+    MISS = "miss"
+    # Under megamoe, the kernel cannot take this batch and the layer keeps no layout another runner reads; the
+    # stock path would compute a wrong answer. The launch and load checks refuse what could get here.
     REFUSE = "refuse"
 
 
@@ -37,6 +41,8 @@ class GateInputs:
       prefill CP, as SGLang does): then every rank of the group runs the same batch, split over attention TP
       into equal padded slices or kept whole (layer_boundary/factories.py:163-175), so it is equal too.
     - cap: SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK (one environment for the whole launch).
+    - fallback: whether the layer keeps a layout the miss path's runner reads (fixed at load, the same checkpoint
+      and code on every rank).
     """
 
     megamoe: bool
@@ -46,6 +52,7 @@ class GateInputs:
     local_rows: int
     cap: int
     use_global_num_tokens: bool = True
+    fallback: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,18 +78,21 @@ def decide(inp: GateInputs) -> Decision:
     under megamoe the answer is never STOCK."""
     if not inp.megamoe:
         return Decision(Path.STOCK)
+    miss = Path.MISS if inp.fallback else Path.REFUSE
     if not inp.weights_ready:
-        return Decision(Path.REFUSE, 0, "this layer has no MegaMoE weights this GPU can run")
+        return Decision(miss, tokens_per_rank(inp), NOT_READY)
     if inp.capture:
         # Capture sizes are bounded by the startup budget check; a captured graph must hold the kernel.
         return Decision(Path.MEGA, tokens_per_rank(inp))
     tokens = tokens_per_rank(inp)
     if tokens > inp.cap:
-        return Decision(
-            Path.REFUSE, tokens,
-            f"{tokens} tokens per rank exceed SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK={inp.cap}",
-        )
+        return Decision(miss, tokens, OVER_CAP)
     return Decision(Path.MEGA, tokens)
+
+
+# Miss reasons (also the `reason` label of the miss counters).
+NOT_READY = "not_ready"  # the layer has no MegaMoE weights this GPU runs (bf16, FP8 on SM100, excluded layers)
+OVER_CAP = "over_cap"  # more tokens per rank than SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK
 
 
 class MegaMoEMissError(RuntimeError):
@@ -94,9 +104,19 @@ class MegaMoEMissError(RuntimeError):
     """
 
 
-def miss_message(layer: str, decision: Decision) -> str:
+def reason_text(decision: Decision, cap: int) -> str:
+    if decision.reason == OVER_CAP:
+        return (f"{decision.tokens_per_rank} tokens per rank exceed SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK"
+                f"={cap}")
+    if decision.reason == NOT_READY:
+        return "this layer has no MegaMoE weights this GPU can run"
+    return decision.reason
+
+
+def miss_message(layer: str, decision: Decision, cap: int = 0) -> str:
     return (
-        f"sglang-glm-ext megamoe: {layer}: {decision.reason}. Under --moe-a2a-backend megamoe each rank's MoE "
+        f"sglang-glm-ext megamoe: {layer}: {reason_text(decision, cap)}, and it keeps no layout another runner reads. "
+        "Under --moe-a2a-backend megamoe each rank's MoE "
         "input is its own slice of the tokens and nothing sums the stock path's output across ranks, so running "
         "SGLang's fused-MoE fallback would return wrong tokens; refusing instead. Fix the launch: raise "
         "SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK or lower --chunked-prefill-size / "

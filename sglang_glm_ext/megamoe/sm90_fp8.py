@@ -42,25 +42,44 @@ def deinterleave_gate_up(w13: torch.Tensor, gran: int = GRAN) -> torch.Tensor:
                       pairs[:, :, 1].reshape(num_groups, n // 2, *rest)], dim=1)
 
 
+def interleave_rows(n: int, gran: int = GRAN) -> torch.Tensor:
+    """The row permutation of interleave_gate_up: interleaved[i] = plain[perm[i]] (int64, CPU)."""
+    if n % (2 * gran):
+        raise ValueError(f"w13 has {n} rows; the interleave needs a multiple of {2 * gran}")
+    return interleave_gate_up(torch.arange(n).view(1, n))[0]
+
+
+_PERMS: dict = {}
+
+
+def _perm(n: int, device: torch.device, inverse: bool) -> torch.Tensor:
+    key = (n, str(device), inverse)
+    perm = _PERMS.get(key)
+    if perm is None:
+        fwd = interleave_rows(n)
+        perm = torch.argsort(fwd) if inverse else fwd
+        perm = _PERMS[key] = perm.to(device)
+    return perm
+
+
 def deinterleave_experts_(w13: torch.Tensor, experts: Optional[Any] = None) -> None:
     """In place: the given experts' (all when None) rows of an interleaved [E, 2I, H] w13 back to [gate; up], so
-    a loader can write checkpoint rows where it expects them. Bytes are moved as uint8 (FP8 has no arithmetic)."""
-    _relayout_(w13, experts, deinterleave_gate_up)
+    a loader or SGLang's stock runner reads them where it expects them. Bytes move as uint8 (FP8 has no
+    arithmetic), one row gather per expert: one expert's scratch."""
+    _relayout_(w13, experts, inverse=True)
 
 
 def interleave_experts_(w13: torch.Tensor, experts: Optional[Any] = None) -> None:
     """In place: the given experts' (all when None) [gate; up] rows of w13 to the kernel's interleave. The
     storage stays the same, so the MegaMoE weight tuples SGLang built (views of it) keep reading it."""
-    _relayout_(w13, experts, interleave_gate_up)
+    _relayout_(w13, experts, inverse=False)
 
 
-def _relayout_(w13: torch.Tensor, experts: Optional[Any], fn) -> None:
+def _relayout_(w13: torch.Tensor, experts: Optional[Any], *, inverse: bool) -> None:
     raw = w13.view(torch.uint8) if w13.element_size() == 1 else w13
-    if experts is None:
-        raw.copy_(fn(raw))
-        return
-    for e in sorted({int(e) for e in experts}):
-        raw[e].copy_(fn(raw[e:e + 1])[0])
+    perm = _perm(raw.shape[1], raw.device, inverse)
+    for e in (range(raw.shape[0]) if experts is None else sorted({int(e) for e in experts})):
+        raw[e].copy_(raw[e].index_select(0, perm))
 
 
 def layer_is_interleaved(experts: Any) -> bool:

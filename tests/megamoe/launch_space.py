@@ -34,6 +34,7 @@ from sglang.srt.utils.common import ceil_align
 class Bounds:
     prefill: int = 0  # largest tokens per rank the gate compares with the cap on a prefill / extend batch
     decode: int = 0  # ... on a decode, verify or draft batch (eager or captured)
+    captured: int = 0  # the largest CUDA-graph capture (decode or prefill): capture always runs the kernel
     detail: dict = field(default_factory=dict)
 
     @property
@@ -68,8 +69,10 @@ def sglang_bounds(server_args) -> Bounds:
             else:
                 tokens = ceil_align(ceiling, par.attn_tp_size)
                 pre = graphs.prefill if graphs is not None else None
-                if pre is not None and str(pre.backend) != "disabled" and pre.bs and tokens <= max(pre.bs):
-                    tokens = min(b for b in pre.bs if b >= tokens)
+                if pre is not None and str(pre.backend) != "disabled" and pre.bs:
+                    out.captured = max(out.captured, max(pre.bs))
+                    if tokens <= max(pre.bs):
+                        tokens = min(b for b in pre.bs if b >= tokens)
             out.prefill = tokens
             out.detail["prefill_ceiling"] = ceiling
         if mode != "prefill":
@@ -99,6 +102,7 @@ def sglang_bounds(server_args) -> Bounds:
                             out.detail["no_decode_graph_bucket"] = True
                     tokens = ceil_align(max(bs, captured) * width, par.attn_tp_size)
                     out.decode = max(out.decode, tokens)
+                    out.captured = max(out.captured, ceil_align(captured * width, par.attn_tp_size))
                     out.detail["draft" if draft else "target"] = dict(eager_bs=bs, width=width, graph_bs=captured,
                                                                     per_worker=per_worker)
             finally:

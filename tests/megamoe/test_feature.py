@@ -43,7 +43,7 @@ def test_is_active_reads_the_record_sglang_published(monkeypatch):
 def test_one_feature_owns_both_issues_patches_and_env_vars():
     ids = [p.id for p in PATCHES if p.feature is FEATURE]
     assert ids == ["megamoe.glm4_shared_replicated", "megamoe.glm4_forward", "megamoe.dsv2_no_fallback",
-                   "megamoe.launch_check", "megamoe.load_check", "megamoe.compat_message", "megamoe.launch_exit",
+                   "megamoe.dsv2_miss", "megamoe.launch_check", "megamoe.load_check", "megamoe.compat_message", "megamoe.launch_exit",
                    "megamoe.weights_sm90_loader", "megamoe.weights_sm90_loader_fused", "megamoe.weight_update_tensor",
                    "megamoe_fp4.nvfp4_keep_trtllm",
                    "megamoe_fp4.nvfp4_create_weights", "megamoe_fp4.nvfp4_weights", "megamoe_fp4.mxfp4_create_weights",

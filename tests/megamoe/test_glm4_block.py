@@ -154,5 +154,7 @@ def test_kernel_arguments(ranks):
 def test_load_check(ranks):
     for res in ranks:
         assert res["load_check_ready"] == []
-        (problem,) = res["load_check_not_ready"]
-        assert problem.startswith("mlp: ") and "built no MegaMoE weights on SM90" in problem
+        assert res["load_check_not_ready"] == [] and res["fallback_not_ready"] == "sm90_relayout"  # issue 26: served
+        (problem,) = res["load_check_unservable"]
+        assert problem.startswith("mlp: ") and "not the SM90 block-FP8 kind" in problem
+        assert "keeps no layout the miss path runs" in problem

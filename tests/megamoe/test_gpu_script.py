@@ -14,5 +14,5 @@ def test_gpu_script_smoke_run_on_cpu():
     proc = subprocess.run([sys.executable, str(ROOT / "scripts/gpu/megamoe_h200.py"), "--device", "cpu"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "RESULT: 5 PASS, 0 FAIL, 4 SKIP" in proc.stdout, proc.stdout
+    assert "RESULT: 5 PASS, 0 FAIL, 5 SKIP" in proc.stdout, proc.stdout
     assert "import sglang" not in (ROOT / "scripts/gpu/megamoe_h200.py").read_text()  # torch only on the GPU box

@@ -34,16 +34,32 @@ def test_classify_experts(quantization, cfg, kind):
     assert classify_experts(quantization, cfg).kind == kind
 
 
-@pytest.mark.parametrize("kind,sm,ok", [
-    ("fp8_block128", 90, True), ("fp8_block128", 100, False), ("nvfp4", 100, True), ("nvfp4", 103, True),
-    ("nvfp4", 90, False), ("mxfp4", 100, True), ("mxfp4", 90, False), ("bf16", 90, False), ("bf16", 100, False),
-    ("fp8_other", 90, False), ("other", 90, False), ("fp8_block128", 120, False),
+@pytest.mark.parametrize("kind,sm,builder,fallback", [
+    ("fp8_block128", 90, True, "sm90_relayout"), ("fp8_block128", 100, False, "stock"),
+    ("nvfp4", 100, True, "nvfp4_trtllm"), ("nvfp4", 103, True, "nvfp4_trtllm"), ("nvfp4", 90, False, None),
+    ("mxfp4", 100, True, None), ("mxfp4", 90, False, None), ("bf16", 90, False, "stock"),
+    ("bf16", 100, False, "stock"), ("fp8_other", 90, False, "stock"), ("other", 90, False, None),
+    ("fp8_block128", 120, False, None),
 ])
-def test_builder_table(kind, sm, ok):
-    problem = guard.quant_problem(ExpertQuant(kind, kind), sm)
-    assert (problem is None) is ok
-    if not ok:
+def test_kernel_and_miss_path_table(kind, sm, builder, fallback):
+    """The kernel reads (builder) or the miss path serves (fallback) each expert format, per SM; a launch is
+    refused only where neither can."""
+    quant = ExpertQuant(kind, kind)
+    assert (guard.builder_for(quant, sm) is not None) is builder
+    assert guard.fallback_for(quant, sm) == fallback
+    problem = guard.quant_problem(quant, sm)
+    assert (problem is None) is (builder or fallback is not None)
+    if problem:
         assert "--moe-a2a-backend" in problem
+    served = guard.served_by_miss_path(quant, sm)
+    assert (served is not None) is (not builder and fallback is not None)
+
+
+def test_nvfp4_without_the_kept_trtllm_layout_has_no_fallback():
+    quant = ExpertQuant("nvfp4", "modelopt NVFP4")
+    assert guard.fallback_for(quant, 100, keep_trtllm=False) is None
+    assert guard.quant_problem(quant, 100, keep_trtllm=False) is None  # the kernel still reads it
+    assert "Marlin" in guard.quant_problem(quant, 90)
 
 
 def test_fp4_on_sm90_names_the_hardware_truth():
@@ -60,8 +76,6 @@ def test_a_valid_fp8_sm90_launch_passes():
 
 
 @pytest.mark.parametrize("change,needle", [
-    (dict(hf_quant_config={}), "bf16"),
-    (dict(sm=100, deep_gemm_api=SM100_API), "SM90 only"),
     (dict(quantization="modelopt_fp4", hf_quant_config={"quant_algo": "NVFP4"}), "SM100-only"),
     (dict(quantization="mxfp4", hf_quant_config={}), "SM100-only"),
     (dict(enable_w4a4_mxfp4_megamoe=True), "--enable-w4a4-mxfp4-megamoe"),
@@ -79,17 +93,30 @@ def test_each_refusal(change, needle):
     assert any(needle in p for p in problems), problems
 
 
-def test_excluded_layers_refused_and_mtp_only_with_speculation():
+def test_layers_megamoe_cannot_read_are_served_and_said_at_startup():
     cfg = dict(FP8, ignored_layers=["model.layers.3.mlp.experts.0.gate_proj", "model.layers.92.mlp",
                                     "model.layers.5.self_attn.q_proj", "lm_head"])
     assert guard.excluded_moe_layers(cfg) == {3: ["model.layers.3.mlp.experts.0.gate_proj"],
                                               92: ["model.layers.92.mlp"]}
-    problems = check_launch(facts(hf_quant_config=cfg))
-    assert [p for p in problems if "excluded" in p] and not any("layer 92" in p for p in problems)
-    problems = check_launch(facts(hf_quant_config=cfg, speculative=True))
-    assert any("layer 92" in p for p in problems) and any("layer 3" in p for p in problems)
+    assert check_launch(facts(hf_quant_config=cfg)) == []
+    notes = guard.served_notes(facts(hf_quant_config=cfg))
+    assert any("layer 3's experts are excluded" in n for n in notes) and not any("layer 92" in n for n in notes)
+    notes = guard.served_notes(facts(hf_quant_config=cfg, speculative=True))
+    assert any("layer 92" in n for n in notes)  # the MTP layer only with speculative decoding
     nested = {"quantization": {"quant_algo": "NVFP4", "exclude_modules": ["model.layers.7.mlp.experts"]}}
     assert guard.excluded_moe_layers(nested) == {7: ["model.layers.7.mlp.experts"]}
+    assert check_launch(facts(hf_quant_config={})) == []  # bf16: every batch takes the miss path
+    (note,) = guard.served_notes(facts(hf_quant_config={}))
+    assert "every MoE layer takes the gathered miss path on every batch: bf16" in note
+    assert check_launch(facts(sm=100, deep_gemm_api=frozenset())) == []  # FP8 on SM100: no kernel needed
+    assert "block-FP8 experts on SM100" in guard.served_notes(facts(sm=100))[0]
+
+
+def test_miss_path_availability_follows_the_expert_format():
+    assert guard.miss_path_available(facts())
+    assert guard.miss_path_available(facts(hf_quant_config={}))
+    assert not guard.miss_path_available(facts(quantization="mxfp4", hf_quant_config={}, sm=100))
+    assert not guard.miss_path_available(facts(arch="Glm4MoeLiteForCausalLM"))
 
 
 def budget(**kw):
@@ -135,9 +162,10 @@ def test_prefill_bound_is_the_dp_adjusted_chunk_counted_once():
     (p,) = budget(chunked_prefill_size=1001, prefill_ceiling=1001, cap=1001, chunk_asked=1001,
                   max_running_requests=8)
     assert "reach 1008 tokens" in p and "padded to a multiple of attention TP 8" in p  # the chunk itself fits
-    (p,) = budget(chunked_prefill_size=500, prefill_ceiling=500, cap=512, chunk_asked=500, max_running_requests=8,
-                  prefill_graph_bs=(256, 1024))
-    assert "padded to the prefill CUDA-graph size 1024" in p
+    eager, captured = budget(chunked_prefill_size=500, prefill_ceiling=500, cap=512, chunk_asked=500,
+                             max_running_requests=8, prefill_graph_bs=(256, 1024))
+    assert "padded to the prefill CUDA-graph size 1024" in eager
+    assert "a prefill CUDA graph is captured at 1024 tokens" in captured and "--cuda-graph-max-bs-prefill" in captured
     (p,) = budget(chunked_prefill_size=64, prefill_ceiling=16384, dynamic_chunking=True, max_prefill_tokens=16384,
                   max_running_requests=8)
     assert "--enable-dynamic-chunking" in p and "16384 tokens" in p and "--max-prefill-tokens" in p
@@ -163,3 +191,20 @@ def test_not_ready_reasons():
                                                        has_sm90_api=True, quant_method="X")
     assert "lacks fp8_mega_moe" in guard.not_ready_reason(built=True, sm=90, sm90_fp8_weights=True,
                                                            has_sm90_api=False, quant_method="X")
+
+
+def test_with_the_miss_path_eager_batches_above_the_cap_are_served_captured_ones_refused():
+    base = dict(cap=64, chunked_prefill_size=4096, chunk_asked=4096, prefill_ceiling=4096, tp_size=8,
+                attn_tp_size=8, max_running_requests=256)
+    refused = guard.budget_check(guard.BudgetFacts(**base))
+    assert len(refused.problems) == 2 and refused.served == []  # prefill and decode, no miss path
+    served = guard.budget_check(guard.BudgetFacts(**base, miss_path=True))
+    assert served.problems == [] and len(served.served) == 2
+    graphs = guard.budget_check(guard.BudgetFacts(**base, miss_path=True, decode_graph_bs=(8, 16, 32, 64, 128)))
+    (p,) = graphs.problems  # captured at min(128, 256 aligned) = 128 requests: the kernel, above the cap
+    assert "a decode CUDA graph is captured at 128 requests" in p and "--cuda-graph-max-bs-decode to 64" in p
+    assert guard.budget_check(guard.BudgetFacts(**base, miss_path=True, decode_graph_bs=(8, 16, 32, 64))).problems == []
+    # unset --max-running-requests and chunked prefill off: unbounded eager batches, served by the miss path
+    unbounded = dict(base, max_running_requests=None, chunked_prefill_size=-1)
+    assert guard.budget_check(guard.BudgetFacts(**unbounded, miss_path=True)).problems == []
+    assert len(guard.budget_check(guard.BudgetFacts(**unbounded)).problems) == 2

@@ -92,19 +92,14 @@ def test_valid_glm4_and_glm5_fp8_launches_on_sm90_pass(launch):
 
 
 @pytest.mark.parametrize("config,platform,kw,needle", [
-    (with_quant(GLM4_CONFIG, None), SM90, {}, "bf16/fp16 experts"),
-    (with_quant(GLM5_CONFIG, None), SM90, {}, "bf16/fp16 experts"),
-    (GLM4_CONFIG, SM100, {}, "block-FP8 experts run MegaMoE on SM90 only"),
     (with_quant(GLM4_CONFIG, {"quant_method": "modelopt", "quant_algo": "NVFP4"}), SM90,
      {"quantization": "modelopt_fp4"}, "SM100-only"),
-    (with_quant(GLM4_CONFIG, dict(GLM4_CONFIG["quantization_config"],
-                                  ignored_layers=["model.layers.1.mlp.experts.0.up_proj"])), SM90, {},
-     "layer 1's experts are excluded"),
     (dict(GLM5_CONFIG, architectures=["Glm4MoeLiteForCausalLM"]), SM90, {}, "no MegaMoE path"),  # MLA, like GLM-5
-    (GLM4_CONFIG, SM90, {"max_running_requests": 65}, "a decode batch can carry 65 requests"),
-    (GLM4_CONFIG, SM90, {"ep_num_redundant_experts": 2}, "--ep-num-redundant-experts 0"),
-    (GLM4_CONFIG, SM90, {"max_running_requests": None}, "--max-running-requests is not set"),
     (GLM4_CONFIG, SM90, {"enable_w4a4_mxfp4_megamoe": True}, "--enable-w4a4-mxfp4-megamoe selects"),
+    (GLM4_CONFIG, SM90, {"ep_num_redundant_experts": 2}, "--ep-num-redundant-experts 0"),
+    # A captured CUDA graph always runs the kernel: its size must fit the cap even with the miss path.
+    (GLM4_CONFIG, SM90, {"device": "cuda", "max_running_requests": 256, "cuda_graph_max_bs_decode": 128},
+     "a decode CUDA graph is captured at 128 requests"),
 ])
 def test_each_launch_refusal_through_sglang_resolution(launch, config, platform, kw, needle):
     exc = launch(config, platform, **kw)
@@ -112,19 +107,33 @@ def test_each_launch_refusal_through_sglang_resolution(launch, config, platform,
     assert needle in str(exc), str(exc)
 
 
-def test_token_budget_check_now_covers_glm_models(launch):
-    # Without the plugin's hook SGLang's budget check does not run for GLM (FP8) at all.
-    exc = launch(chunked_prefill_size=4096)
-    assert isinstance(exc, guard.MegaMoELaunchError)
-    assert "a prefill batch can reach 4096 tokens per rank (--chunked-prefill-size 4096)" in str(exc)
-    assert launch(chunked_prefill_size=4096, hook=False) is None
-    exc = launch(GLM5_CONFIG, chunked_prefill_size=4096)
-    assert "reach 4096 tokens per rank" in str(exc)
+@pytest.mark.parametrize("config,platform,kw,note", [
+    (with_quant(GLM4_CONFIG, None), SM90, {}, "on every batch: bf16/fp16 experts"),
+    (with_quant(GLM5_CONFIG, None), SM90, {}, "on every batch: bf16/fp16 experts"),
+    (GLM4_CONFIG, SM100, {}, "on every batch: block-FP8 experts on SM100"),
+    (with_quant(GLM4_CONFIG, dict(GLM4_CONFIG["quantization_config"],
+                                  ignored_layers=["model.layers.1.mlp.experts.0.up_proj"])), SM90, {},
+     "layer 1's experts are excluded from quantisation"),
+    (GLM4_CONFIG, SM90, {"max_running_requests": 65}, "a decode batch can carry 65 requests"),
+    (GLM4_CONFIG, SM90, {"max_running_requests": None}, "--max-running-requests is not set"),
+    (GLM4_CONFIG, SM90, {"chunked_prefill_size": 4096}, "a prefill batch can reach 4096 tokens per rank"),
+    (GLM5_CONFIG, SM90, {"chunked_prefill_size": 4096}, "a prefill batch can reach 4096 tokens per rank"),
+])
+def test_launches_the_miss_path_serves_pass_and_say_so_at_startup(launch, caplog, config, platform, kw, note):
+    """Issue 26: what issue 15 refused because a batch could miss the kernel is served, through the gathered miss
+    path; the startup log says which layers take it and when. (SGLang alone does not check GLM-4 FP8 at all.)"""
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="sglang_glm_ext"):
+        assert launch(config, platform, **kw) is None
+    lines = [r.getMessage() for r in caplog.records if "miss path" in r.getMessage()]
+    assert any(note in line for line in lines), lines
 
 
-def test_nvfp4_glm_launch_gets_one_message_not_sglangs_traceback(launch, monkeypatch):
-    """SGLang runs its own budget check for NVFP4 checkpoints (mega_moe_needs_token_budget) and raises first; the
-    plugin's check supersedes it, so the user sees the plugin's lines (the DP-correct bound), not both."""
+def test_nvfp4_glm_launch_above_the_cap_is_served_on_the_kept_trtllm_layout(launch, monkeypatch):
+    """SGLang runs its own budget check for NVFP4 checkpoints (mega_moe_needs_token_budget) and raises first; with
+    the TRTLLM layout kept the miss path serves those batches, so the plugin supersedes it. Without the kept layout
+    (the opt-out) the launch is refused with the plugin's lines (the DP-correct bound and why no miss path)."""
     import sglang.srt.layers.quantization as quantization
     from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config
 
@@ -136,9 +145,12 @@ def test_nvfp4_glm_launch_gets_one_message_not_sglangs_traceback(launch, monkeyp
     assert mega_moe_hook.mega_moe_needs_token_budget("GlmMoeDsaForCausalLM", nvfp4["quantization_config"], None)
     exc = launch(nvfp4, SM100, hook=False, chunked_prefill_size=4096)
     assert isinstance(exc, ValueError) and "required_per_rank=4096" in str(exc)  # SGLang's own, unhooked
+    assert launch(nvfp4, SM100, chunked_prefill_size=4096) is None
+    monkeypatch.setenv("SGLANG_GLM_EXT_MEGAMOE_FP4_KEEP_TRTLLM", "0")
     exc = launch(nvfp4, SM100, chunked_prefill_size=4096)
     assert isinstance(exc, guard.MegaMoELaunchError) and "required_per_rank" not in str(exc)
-    assert "reach 4096 tokens per rank" in str(exc) and len(str(exc).splitlines()) == 1
+    lines = str(exc).splitlines()
+    assert "reach 4096 tokens per rank" in lines[0] and "cannot serve those batches instead" in lines[1]
 
 
 def test_deep_gemm_without_the_sm90_kernel_is_refused(launch, monkeypatch):
@@ -209,12 +221,16 @@ def test_deepseek_v2_moe_reaches_the_patched_gate():
     assert src.index("if should_use_mega_moe(self, hidden_states):") < src.index("self.forward_normal(")
 
 
-def test_load_check_marks_glm5_layers_and_names_unready_ones(megamoe_gate):
+def test_load_check_marks_glm5_layers_serves_unready_stock_ones_and_names_the_rest(megamoe_gate, caplog):
+    import logging
+
     from sglang.srt.models.deepseek_v2 import DeepseekV2MoE
 
     moe = DeepseekV2MoE.__new__(DeepseekV2MoE)
     torch.nn.Module.__init__(moe)
-    moe.experts = SimpleNamespace(_mega_moe_weights_built=False, quant_method=SimpleNamespace())
+    moe.experts = torch.nn.Module()
+    moe.experts._mega_moe_weights_built = False
+    moe.experts.quant_method = SimpleNamespace(runner=object())
     holder = torch.nn.Module()
     holder.layers = torch.nn.ModuleList([torch.nn.Module()])
     holder.layers[0].mlp = moe
@@ -223,9 +239,13 @@ def test_load_check_marks_glm5_layers_and_names_unready_ones(megamoe_gate):
     assert hooks.hook_load_check(None, runner) is None and hooks.GUARD_ATTR not in moe.__dict__  # not GLM
     runner.model_config.hf_config.architectures = ["GlmMoeDsaForCausalLM"]
     megamoe_gate.ready = False
-    with pytest.raises(guard.MegaMoELaunchError, match=r"layers\.0\.mlp: its quant method SimpleNamespace built no"):
+    with caplog.at_level(logging.INFO, logger="sglang_glm_ext"):
+        assert hooks.hook_load_check(None, runner) is None  # no MegaMoE weights: its checkpoint layout, served
+    assert moe.__dict__[hooks.GUARD_ATTR] is True and moe.experts.__dict__[hooks.FALLBACK_ATTR] == "stock"
+    assert any("take the gathered miss path on every batch" in r.getMessage() for r in caplog.records)
+    moe.experts._mega_moe_weights_built = True  # a MegaMoE-only layout this GPU cannot run: nothing serves it
+    with pytest.raises(guard.MegaMoELaunchError, match=r"layers\.0\.mlp: .*keeps no layout the miss path runs"):
         hooks.hook_load_check(None, runner)
-    assert moe.__dict__[hooks.GUARD_ATTR] is True
     megamoe_gate.ready = True
     assert hooks.hook_load_check(None, runner) is None
     megamoe_gate.megamoe = False
