@@ -8,7 +8,7 @@ would later misread. Environment overrides are applied here too, once (``SGLANG_
 Budget split (the documented rule):
 
 Writers (``[writers] mode``): a replicated (MLA/DSA) page under context or attention-TP parallelism is written by one
-owner among the node's replicas, ``"spread"`` (default: a content hash picks it, see ``hicache/owners.py``) or
+owner among the node's replicas, ``"spread"`` (default: a content hash picks it, see ``hicache/cp_writers.py``) or
 ``"one_per_node"`` (the node's first replica writes every page; the others still reserve their budget).
 
 1. A disk's ``budget`` is divided equally among the ranks mapped to it (``ranks_on_disk``), rounded down.
@@ -66,7 +66,7 @@ COLD_START_MODES = ("clear", "load")
 # may be released ("write_behind": durable milliseconds later; a crash in between loses them, l3_design.md), or once
 # they are durable ("durable": fdatasync'ed and committed, nothing acknowledged is lost).
 ACK_MODES = ("write_behind", "durable")
-# Who writes a replicated (MLA/DSA) page under CP / attention TP (hicache/owners.py): one owner per page among
+# Who writes a replicated (MLA/DSA) page under CP / attention TP (hicache/cp_writers.py): one owner per page among
 # the node's replicas ("spread", write bandwidth grows with the node's disks) or the node's first replica.
 WRITER_MODES = ("spread", "one_per_node")
 PLP_MODES = ("auto", "assume_safe", "assume_unsafe")
@@ -144,6 +144,17 @@ class DiskConfig:
     budget: int  # bytes this disk gives to L3, split across the ranks mapped to it
 
 
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise L3ConfigError(f"<file>: cannot read L3 config {path!r}: {e}") from e
+
+
+_LOADED: dict[tuple, "L3Config"] = {}  # (path, file bytes, cold-start override) -> the parsed config (load_once)
+
+
 @dataclass(frozen=True)
 class L3Config:
     """Validated L3 configuration. Build with :meth:`load`, :meth:`from_dict` or :meth:`from_file`."""
@@ -179,11 +190,10 @@ class L3Config:
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "L3Config":
         path = os.fspath(path)
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except OSError as e:
-            raise L3ConfigError(f"<file>: cannot read L3 config {path!r}: {e}") from e
+        return cls._parse(_read(path), path)
+
+    @classmethod
+    def _parse(cls, raw: bytes, path: str) -> "L3Config":
         if path.endswith(".json"):
             try:
                 data = json.loads(raw.decode("utf-8"))
@@ -198,6 +208,19 @@ class L3Config:
         return cls.from_dict(data, source=path, base_dir=base)
 
     load = from_file
+
+    @classmethod
+    def load_once(cls, path: str | os.PathLike) -> "L3Config":
+        """The config at ``path``, parsed once per process: every later call for the same file bytes (and the same
+        ``SGLANG_CP_L3_COLD_START``) returns the same object. The launch checks, the flag translation and the
+        backend of one process (and doctor) share it; an edited file is parsed again. Errors are not kept."""
+        path = os.fspath(path)
+        raw = _read(path)
+        key = (os.path.abspath(path), raw, CP_L3_COLD_START.raw())
+        cfg = _LOADED.get(key)
+        if cfg is None:
+            cfg = _LOADED[key] = cls._parse(raw, path)
+        return cfg
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "<dict>", base_dir: str | None = None) -> "L3Config":

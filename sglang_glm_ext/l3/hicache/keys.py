@@ -123,7 +123,7 @@ class NamespaceSpec:
     extra: tuple[tuple[str, str], ...] = field(default=())  # seams (CP, future formats): sorted (key, value)
 
     def to_namespace(self):
-        from ..format import Namespace
+        from ..disk.format import Namespace
 
         layout = json.dumps({"host_layout": self.host_layout, "pools": [asdict(p) for p in self.pools],
                              "extra": list(self.extra)}, sort_keys=True, separators=(",", ":"))

@@ -41,7 +41,7 @@ import stat
 from typing import Callable
 
 from .aligned import AlignedBuffer, buffer_address, byte_view
-from .errors import DirectIOUnavailable, SlabError, SlabGeometryError, SlabLockedError
+from ..errors import DirectIOUnavailable, SlabError, SlabGeometryError, SlabLockedError
 from .format import BLOCK
 from .fsutil import fsync_dir, make_private_dirs
 from .plp import PlpReport, PlpRequiredError, check_plp, probe_plp  # noqa: F401  (re-exported for the store)
