@@ -48,6 +48,13 @@ CP_L3_COLD_START = EnvVar(
     "SGLANG_CP_L3_COLD_START", "",
     "Overrides the L3 config's cold_start ('clear' or 'load') for this launch.",
 )
+# A slow disk on demand, for the server tests that must kill a server while its write-back is still going (the
+# fault seams of disk/slab.py are not reachable inside a server process).
+TEST_WRITE_DELAY_MS = EnvVar(
+    "SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS", "0",
+    "TEST-ONLY fault injection: every L3 slab write sleeps this many milliseconds (a slow disk, so a test can kill "
+    "a server in the middle of its write-back). Logged as a warning when set; never set it to serve.",
+)
 
 __all__ = [
     "L3ConfigError",
@@ -144,6 +151,17 @@ class DiskConfig:
     budget: int  # bytes this disk gives to L3, split across the ranks mapped to it
 
 
+def _test_write_delay_ms() -> int:
+    raw = TEST_WRITE_DELAY_MS.raw() or "0"
+    try:
+        ms = int(raw)
+    except ValueError:
+        ms = -1
+    if not 0 <= ms <= 60_000:
+        raise L3ConfigError(f"{TEST_WRITE_DELAY_MS.name}={raw!r}: expected milliseconds from 0 to 60000 (test-only)")
+    return ms
+
+
 def _read(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
@@ -152,7 +170,7 @@ def _read(path: str) -> bytes:
         raise L3ConfigError(f"<file>: cannot read L3 config {path!r}: {e}") from e
 
 
-_LOADED: dict[tuple, "L3Config"] = {}  # (path, file bytes, cold-start override) -> the parsed config (load_once)
+_LOADED: dict[tuple, "L3Config"] = {}  # (path, file bytes, env overrides) -> the parsed config (load_once)
 
 
 @dataclass(frozen=True)
@@ -185,6 +203,7 @@ class L3Config:
     payload_weights: Mapping[str, float] | None = None  # None = equal_slots
     writer_mode: str = "spread"  # replicated (MLA/DSA) pages under CP/TP: "spread" over the node's replicas | "one_per_node"
     source: str = field(default="<dict>", compare=False)
+    test_write_delay_ms: int = field(default=0, compare=False)  # SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS (tests only)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -216,7 +235,7 @@ class L3Config:
         backend of one process (and doctor) share it; an edited file is parsed again. Errors are not kept."""
         path = os.fspath(path)
         raw = _read(path)
-        key = (os.path.abspath(path), raw, CP_L3_COLD_START.raw())
+        key = (os.path.abspath(path), raw, CP_L3_COLD_START.raw(), TEST_WRITE_DELAY_MS.raw())
         cfg = _LOADED.get(key)
         if cfg is None:
             cfg = _LOADED[key] = cls._parse(raw, path)
@@ -384,6 +403,7 @@ class L3Config:
             staging_bytes=staging, max_inflight=max_inflight, wait_ms=wait_ms, write_batch_pages=batch,
             io_threads=io_threads,
             reload_threads=reload_threads, payload_weights=weights, writer_mode=writer_mode, source=source,
+            test_write_delay_ms=_test_write_delay_ms(),
         )
 
     # ------------------------------------------------------------------ derived values

@@ -50,7 +50,7 @@ from . import coldstart, slab_set
 from ..disk.aligned import page_array
 from ..config import COLD_START_MODES, L3Config, L3ConfigError
 from .counters import Counters
-from ..disk.slab import check_plp, probe_plp
+from ..disk.slab import check_plp, probe_plp, slow_write
 from ..errors import L3OwnerLockedError, L3StoreError
 from ..disk.format import PAYLOAD_OFFSET, Namespace, PayloadKind, key_to_bytes, slot_bytes_for
 from ..disk.fsutil import make_private_dirs
@@ -206,8 +206,14 @@ class SharedStore:
                    num_slots: int) -> "tuple[KindState, dict | None]":
         """This rank's slab of one kind and the slabs of other slot sizes beside it (slab_set.py), and the slab's
         sidecar as the previous owner left it (a ``load`` keeps a slab's entries only if it vouches for them)."""
-        return slab_set.open_kind(self.config, rank=self.rank, disk=self.disk, kind=kind, page_bytes=page_bytes,
-                                  slot_bytes=slot_bytes, num_slots=num_slots, ns_digest=self.ns, seq=self._seq)
+        state, prior = slab_set.open_kind(self.config, rank=self.rank, disk=self.disk, kind=kind,
+                                          page_bytes=page_bytes, slot_bytes=slot_bytes, num_slots=num_slots,
+                                          ns_digest=self.ns, seq=self._seq)
+        if self.config.test_write_delay_ms:
+            log.warning("L3 rank %d %s: TEST-ONLY slow disk, every slab write sleeps %d ms "
+                        "(SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS)", self.rank, kind.label, self.config.test_write_delay_ms)
+            state.slab.inject_write_fault(slow_write(self.config.test_write_delay_ms / 1000.0))
+        return state, prior
 
     def add_kind(self, kind, page_bytes: int, timeout: float = 30.0) -> None:
         """Serve one more payload kind from now on (SGLang registers sidecar draft host pools after the storage
