@@ -37,8 +37,8 @@ import numpy as np
 
 from ..config import L3Config
 from ..disk.aligned import AlignedBuffer, byte_view, page_array
-from ..disk.format import HEADER_SIZE, PAYLOAD_OFFSET, BlobCheck, PayloadKind, check_header, checksum_views, \
-    is_old_header, key_to_bytes, parse_header_reason
+from ..disk.format import (HEADER_SIZE, PAYLOAD_OFFSET, BlobCheck, PayloadKind, check_header, checksum_views,
+                           is_old_header, key_to_bytes, parse_header_reason)
 from ..disk.host_layout import PageLayout, PageSpans
 from ..disk.read_plan import plan_read
 from ..disk.slab_dir import slab_path_for
@@ -123,10 +123,9 @@ class Reloader:
             self._slot_bytes[kind] = slot_bytes
 
     # ------------------------------------------------------------------ the read path
-    def reload(self, kind, keys: Sequence, *, dsts: "Sequence | None" = None, layout: "PageLayout | None" = None,
-               page_indices: "Sequence[int] | None" = None) -> list[bool]:
-        """Read each page into ``dsts[i]`` (a flat destination) or into page ``page_indices[i]`` of ``layout``;
-        the store's ``reload_into`` / ``reload_into_layout`` document what a caller gets."""
+    def reload(self, kind, keys: Sequence, dsts=None, layout=None, page_indices=None) -> list[bool]:
+        """Read each page into ``dsts[i]`` (flat destinations) or into page ``page_indices[i]`` of a ``PageLayout``
+        (``layout``); the store's ``reload_into`` / ``reload_into_layout`` document what a caller gets."""
         try:
             keys = list(keys)
         except TypeError:
