@@ -14,7 +14,8 @@ from .conftest import fsck, l3_args, l3_config, loaded_at_attach, send_all, star
 
 pytestmark = [pytest.mark.server, pytest.mark.timeout(1200)]
 
-SLOW_DISK = {"SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS": "300"}
+# 4 s a write: the last replies' pages (prefilled, then 8 decode steps) cannot all be durable when the kill comes.
+SLOW_DISK = {"SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS": "4000"}
 
 
 @pytest.fixture(scope="module")
