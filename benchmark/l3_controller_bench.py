@@ -63,7 +63,7 @@ def _keys(n: int, tag: str) -> list[str]:
 
 
 def _aligned(nbytes: int):
-    from sglang_glm_ext.l3.aligned import AlignedBuffer
+    from sglang_glm_ext.l3.disk.aligned import AlignedBuffer
 
     return AlignedBuffer(nbytes)
 
@@ -173,7 +173,7 @@ def _med(xs):
 def _setup(args):
     """The plugin and the CPU stand-ins in this process; the stack's shape, its KV page, the page count, the work dir."""
     import sglang_glm_ext
-    from sglang_glm_ext.l3.hicache.testing import cpu_standins, stack
+    from sglang_glm_ext.l3.demo import cpu_standins, stack
 
     sglang_glm_ext.register()
     cpu_standins.install()
@@ -192,9 +192,9 @@ def run_controller(args) -> dict:
     import sglang_glm_ext
     from sglang.srt.managers.cache_controller import PrefetchOperation, StorageOperation
 
-    from sglang_glm_ext.l3.format import slot_bytes_for
+    from sglang_glm_ext.l3.disk.format import slot_bytes_for
     from sglang_glm_ext.l3.hicache.keys import storage_keys
-    from sglang_glm_ext.l3.hicache.testing import cpu_standins, stack
+    from sglang_glm_ext.l3.demo import cpu_standins, stack
 
     spec, kv_page, n, work = _setup(args)
     cfg = os.path.join(work, "l3", "l3.toml")
@@ -399,9 +399,9 @@ def run_burst(args) -> dict:
     import torch
 
     import sglang_glm_ext
-    from sglang_glm_ext.l3.format import slot_bytes_for
+    from sglang_glm_ext.l3.disk.format import slot_bytes_for
     from sglang_glm_ext.l3.hicache.keys import storage_key
-    from sglang_glm_ext.l3.hicache.testing import cpu_standins, stack
+    from sglang_glm_ext.l3.demo import cpu_standins, stack
 
     spec, kv_page, n, work = _setup(args)
     stacks = {}
@@ -487,8 +487,8 @@ def render_burst(res: dict) -> str:
 def run_engine_only(args) -> dict:
     """The GPU node (no SGLang): the L3 engine's own spill / reload_into vs raw O_DIRECT, nothing else."""
     from sglang_glm_ext.l3.config import L3Config
-    from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
-    from sglang_glm_ext.l3.store import L3Store
+    from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+    from sglang_glm_ext.l3.engine.store import L3Store
 
     page = 64 * args.layers * 656
     slot = slot_bytes_for(page)

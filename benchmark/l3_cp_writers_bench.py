@@ -40,6 +40,10 @@ BATCH = 128
 MODES = ("spread", "one_per_node")
 
 
+
+def _dropped(stats: dict) -> int:
+    return stats["dropped_staging"] + stats["dropped_pool_full"] + stats["dropped_bad_input"]
+
 def _config(base: str, mode: str, ranks: int, budget: int, disk_dirs: list[str]) -> str:
     from sglang_glm_ext.l3.config import example_config
 
@@ -68,8 +72,8 @@ def worker(args) -> int:
     from sglang.srt.runtime_context import get_parallel
 
     from sglang_glm_ext.l3.hicache.backend import L3HiCacheStorage
-    from sglang_glm_ext.l3.hicache.testing import cpu_standins, stack
-    from sglang_glm_ext.l3.hicache.testing.pools import build_host_pools, storage_config
+    from sglang_glm_ext.l3.demo import cpu_standins, stack
+    from sglang_glm_ext.l3.demo.pools import build_host_pools, storage_config
 
     rank, n = args.rank, args.ranks
     load_plugins()
@@ -107,8 +111,8 @@ def worker(args) -> int:
             assert be.store.flush(300)
             dist.barrier()
             times[mode].append(time.perf_counter() - t0)
-    counts = {m: bes[m].l3_stats()["backend"]["set_pages"] for m in MODES}
-    dropped = {m: bes[m].l3_stats()["backend"]["set_dropped"] + bes[m].store.stats()["write_errors"] for m in MODES}
+    counts = {m: bes[m].store.stats()["spill_accepted"] for m in MODES}
+    dropped = {m: _dropped(bes[m].store.stats()) + bes[m].store.stats()["write_errors"] for m in MODES}
     for be in bes.values():
         be.close()
     gathered = [None] * n

@@ -46,8 +46,8 @@ def main(argv=None) -> int:
     from sglang_glm_ext.l3.config import example_config
     from sglang_glm_ext.l3.hicache.backend import L3HiCacheStorage
     from sglang_glm_ext.l3.hicache.keys import storage_keys
-    from sglang_glm_ext.l3.hicache.testing import cpu_standins, stack
-    from sglang_glm_ext.l3.hicache.testing.pools import build_host_pools, storage_config
+    from sglang_glm_ext.l3.demo import cpu_standins, stack
+    from sglang_glm_ext.l3.demo.pools import build_host_pools, storage_config
 
     sglang_glm_ext.register()
     if not args.no_standins:

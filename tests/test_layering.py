@@ -17,7 +17,7 @@ PKG = pathlib.Path(__file__).resolve().parents[1] / "sglang_glm_ext"
 FEATURE_FOLDERS = ("cuda_graph_mem", "hostmem", "l3", "megamoe", "cpu_serve")
 # The one import across feature folders: the demo's CPU stand-in installer binds the CPU serving mode's torch copies
 # (a pure module that imports nothing of the package), instead of a second copy of them.
-CROSS_FEATURE = {("sglang_glm_ext.l3.hicache.testing.cpu_standins", "sglang_glm_ext.cpu_serve.kernels")}
+CROSS_FEATURE = {("sglang_glm_ext.l3.demo.cpu_standins", "sglang_glm_ext.cpu_serve.kernels")}
 
 # What each part of the package may import from the package (imports inside functions count too).
 ALLOWED = {
@@ -31,7 +31,7 @@ ALLOWED = {
 
 
 def _part(module: str) -> str:
-    """'sglang_glm_ext.l3.store' -> 'l3'; 'sglang_glm_ext' -> '__init__'."""
+    """'sglang_glm_ext.l3.engine.store' -> 'l3'; 'sglang_glm_ext' -> '__init__'."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
 
@@ -100,6 +100,49 @@ def test_every_folder_imports_only_what_its_layer_allows():
             if there != here and there not in ALLOWED[here] and (_module_name(path), target) not in CROSS_FEATURE:
                 broken.append(f"{path.relative_to(PKG.parent)} imports {target} ({here} -> {there})")
     assert not broken, "imports against the layering:\n" + "\n".join(broken)
+
+
+# The rooms of l3/ (docs_internal/architecture.md, "The L3 rooms"), bottom up: the leaves config / errors; disk (the
+# on-disk format, slab files and reads, host layouts, disk checks); engine (the store and its threads); hicache
+# (SGLang's storage backend: plan, data path, keys, CP writers, metrics) and tools (fsck, bench) beside it; the
+# feature files at l3's top (feature, patches, hooks, doctor, cli); demo (the demo and its CPU stack) on top.
+L3_ROOMS = {
+    "leaf": set(),
+    "disk": {"leaf"},
+    "engine": {"leaf", "disk"},
+    "hicache": {"leaf", "disk", "engine"},
+    "feature": {"leaf", "disk", "engine", "hicache", "tools"},
+    "tools": {"leaf", "disk", "engine"},
+    "demo": {"leaf", "disk", "engine", "hicache", "tools", "feature"},
+}
+L3_LEAVES = {"config", "errors", "__init__"}
+L3_FEATURE_FILES = {"feature", "patches", "hooks", "doctor", "cli"}
+
+
+def _l3_room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["sglang_glm_ext", "l3"]:
+        return None
+    head = parts[2] if len(parts) > 2 else "__init__"
+    if head in L3_LEAVES:
+        return "leaf"
+    if head in L3_FEATURE_FILES:
+        return "feature"
+    assert head in L3_ROOMS, f"{module}: a module at l3's top that is no feature file and no leaf"
+    return head
+
+
+def test_the_l3_rooms_import_downwards_only():
+    broken = []
+    for path in _sources():
+        here = _l3_room(_module_name(path))
+        if here is None:
+            continue
+        for target in _own_modules(_imports(path, import_time_only=False)):
+            there = _l3_room(target)
+            if there is not None and there != here and there not in L3_ROOMS[here]:
+                broken.append(f"{path.relative_to(PKG.parent)} imports {target} ({here} -> {there})")
+    assert not broken, "imports against the L3 rooms:\n" + "\n".join(broken)
 
 
 def test_the_allowed_folder_graph_has_no_circle():

@@ -25,7 +25,7 @@ export PYTHONPATH="$site"
 python3 - <<'PY' || exit 4
 import sys
 sys.path.insert(0, ".")
-import sglang_glm_ext.l3.store, sglang_glm_ext.l3.tools.bench  # noqa: E401,F401
+import sglang_glm_ext.l3.engine.store, sglang_glm_ext.l3.tools.bench  # noqa: E401,F401
 loaded = sorted({m.split(".")[0] for m in sys.modules} & {"sglang", "torch"})
 assert not loaded, f"the L3 engine imported {loaded}"
 print("L3 engine imports without SGLang or torch; python", sys.version.split()[0])

@@ -5,7 +5,7 @@ CUDA D2H copies, through the L3 engine and back to the device, byte-exact.
 What SGLang's host pools look like on a GPU node: cudaHostRegister'd / pinned host tensors that the copy kernels
 fill by DMA. This builds GLM-5-shaped host buffers (MLA KV 64 tokens x 78 layers x 656 B per page, DSA indexer
 page 78 x 8448 B) in pinned memory for page_first and layer_first, fills them from random CUDA tensors (D2H),
-plans them with ``sglang_glm_ext.l3.hicache.layouts.plan_pool`` (the same planner the backend uses), spills every
+plans them with ``sglang_glm_ext.l3.hicache.pool_plans.plan_pool`` (the same planner the backend uses), spills every
 page to L3 (``spill_from_layout``), zeroes the host buffers, reloads (``reload_into_layout``), copies back H2D and
 compares on the GPU. Prints GB/s for spill->durable and reload per layout, and "OK" only if every byte matched.
 
@@ -32,10 +32,10 @@ def main(argv=None) -> int:
     import torch
 
     from sglang_glm_ext.l3.config import L3Config
-    from sglang_glm_ext.l3.format import PayloadKind
+    from sglang_glm_ext.l3.disk.format import PayloadKind
     from sglang_glm_ext.l3.hicache.keys import NamespaceSpec, ShardIdentity, storage_keys
-    from sglang_glm_ext.l3.hicache.layouts import Buffer, PoolGeometry, plan_pool
-    from sglang_glm_ext.l3.store import L3Store
+    from sglang_glm_ext.l3.hicache.pool_plans import Buffer, PoolGeometry, plan_pool
+    from sglang_glm_ext.l3.engine.store import L3Store
 
     dev, pin = ("cpu", False) if args.cpu else ("cuda", True)
     assert args.cpu or torch.cuda.is_available(), "needs a CUDA GPU (or --cpu for a dry run)"

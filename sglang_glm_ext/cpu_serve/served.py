@@ -249,11 +249,15 @@ def chat(url: str, messages: Sequence[Mapping[str, str]], *, max_tokens: int = 8
 
 
 # ---------------------------------------------------------------------------------------------- metrics
+def scrape_text(url: str, timeout: float = 30.0) -> str:
+    """The server's ``/metrics`` page, as text."""
+    with urllib.request.urlopen(url + "/metrics", timeout=timeout) as r:
+        return r.read().decode(errors="replace")
+
+
 def scrape(url: str, timeout: float = 30.0) -> dict[str, float]:
     """``/metrics`` as ``{metric name: value summed over labels}`` (histogram buckets left out)."""
-    with urllib.request.urlopen(url + "/metrics", timeout=timeout) as r:
-        text = r.read().decode(errors="replace")
-    return parse_metrics(text)
+    return parse_metrics(scrape_text(url, timeout))
 
 
 def parse_metrics(text: str) -> dict[str, float]:

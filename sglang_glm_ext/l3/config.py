@@ -8,7 +8,7 @@ would later misread. Environment overrides are applied here too, once (``SGLANG_
 Budget split (the documented rule):
 
 Writers (``[writers] mode``): a replicated (MLA/DSA) page under context or attention-TP parallelism is written by one
-owner among the node's replicas, ``"spread"`` (default: a content hash picks it, see ``hicache/owners.py``) or
+owner among the node's replicas, ``"spread"`` (default: a content hash picks it, see ``hicache/cp_writers.py``) or
 ``"one_per_node"`` (the node's first replica writes every page; the others still reserve their budget).
 
 1. A disk's ``budget`` is divided equally among the ranks mapped to it (``ranks_on_disk``), rounded down.
@@ -48,6 +48,13 @@ CP_L3_COLD_START = EnvVar(
     "SGLANG_CP_L3_COLD_START", "",
     "Overrides the L3 config's cold_start ('clear' or 'load') for this launch.",
 )
+# A slow disk on demand, for the server tests that must kill a server while its write-back is still going (the
+# fault seams of disk/slab.py are not reachable inside a server process).
+TEST_WRITE_DELAY_MS = EnvVar(
+    "SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS", "0",
+    "TEST-ONLY fault injection: every L3 slab write sleeps this many milliseconds (a slow disk, so a test can kill "
+    "a server in the middle of its write-back). Logged as a warning when set; never set it to serve.",
+)
 
 __all__ = [
     "L3ConfigError",
@@ -66,7 +73,7 @@ COLD_START_MODES = ("clear", "load")
 # may be released ("write_behind": durable milliseconds later; a crash in between loses them, l3_design.md), or once
 # they are durable ("durable": fdatasync'ed and committed, nothing acknowledged is lost).
 ACK_MODES = ("write_behind", "durable")
-# Who writes a replicated (MLA/DSA) page under CP / attention TP (hicache/owners.py): one owner per page among
+# Who writes a replicated (MLA/DSA) page under CP / attention TP (hicache/cp_writers.py): one owner per page among
 # the node's replicas ("spread", write bandwidth grows with the node's disks) or the node's first replica.
 WRITER_MODES = ("spread", "one_per_node")
 PLP_MODES = ("auto", "assume_safe", "assume_unsafe")
@@ -144,6 +151,28 @@ class DiskConfig:
     budget: int  # bytes this disk gives to L3, split across the ranks mapped to it
 
 
+def _test_write_delay_ms() -> int:
+    raw = TEST_WRITE_DELAY_MS.raw() or "0"
+    try:
+        ms = int(raw)
+    except ValueError:
+        ms = -1
+    if not 0 <= ms <= 60_000:
+        raise L3ConfigError(f"{TEST_WRITE_DELAY_MS.name}={raw!r}: expected milliseconds from 0 to 60000 (test-only)")
+    return ms
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise L3ConfigError(f"<file>: cannot read L3 config {path!r}: {e}") from e
+
+
+_LOADED: dict[tuple, "L3Config"] = {}  # (path, file bytes, env overrides) -> the parsed config (load_once)
+
+
 @dataclass(frozen=True)
 class L3Config:
     """Validated L3 configuration. Build with :meth:`load`, :meth:`from_dict` or :meth:`from_file`."""
@@ -174,16 +203,16 @@ class L3Config:
     payload_weights: Mapping[str, float] | None = None  # None = equal_slots
     writer_mode: str = "spread"  # replicated (MLA/DSA) pages under CP/TP: "spread" over the node's replicas | "one_per_node"
     source: str = field(default="<dict>", compare=False)
+    test_write_delay_ms: int = field(default=0, compare=False)  # SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS (tests only)
 
     # ------------------------------------------------------------------ loading
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "L3Config":
         path = os.fspath(path)
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-        except OSError as e:
-            raise L3ConfigError(f"<file>: cannot read L3 config {path!r}: {e}") from e
+        return cls._parse(_read(path), path)
+
+    @classmethod
+    def _parse(cls, raw: bytes, path: str) -> "L3Config":
         if path.endswith(".json"):
             try:
                 data = json.loads(raw.decode("utf-8"))
@@ -198,6 +227,19 @@ class L3Config:
         return cls.from_dict(data, source=path, base_dir=base)
 
     load = from_file
+
+    @classmethod
+    def load_once(cls, path: str | os.PathLike) -> "L3Config":
+        """The config at ``path``, parsed once per process: every later call for the same file bytes (and the same
+        ``SGLANG_CP_L3_COLD_START``) returns the same object. The launch checks, the flag translation and the
+        backend of one process (and doctor) share it; an edited file is parsed again. Errors are not kept."""
+        path = os.fspath(path)
+        raw = _read(path)
+        key = (os.path.abspath(path), raw, CP_L3_COLD_START.raw(), TEST_WRITE_DELAY_MS.raw())
+        cfg = _LOADED.get(key)
+        if cfg is None:
+            cfg = _LOADED[key] = cls._parse(raw, path)
+        return cfg
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, source: str = "<dict>", base_dir: str | None = None) -> "L3Config":
@@ -361,6 +403,7 @@ class L3Config:
             staging_bytes=staging, max_inflight=max_inflight, wait_ms=wait_ms, write_batch_pages=batch,
             io_threads=io_threads,
             reload_threads=reload_threads, payload_weights=weights, writer_mode=writer_mode, source=source,
+            test_write_delay_ms=_test_write_delay_ms(),
         )
 
     # ------------------------------------------------------------------ derived values

@@ -1,13 +1,21 @@
-"""L3's part of `doctor`: each configured L3 path (exists, O_DIRECT, free space against its budget) under
-"hardware", and the top-level "l3" section (backend class, resolved extra config, L3 state on disk; hicache/doctor.py).
+"""L3's part of ``sglang-glm-ext doctor``, one part for the whole feature:
+
+* under ``hardware``, each configured L3 path: exists, O_DIRECT, free space against its budget (``l3_paths``);
+* the top-level ``"l3"`` section: the backend class SGLang will build, the extra config the flag hook resolves to,
+  and the L3 state on disk (index entries of this deployment, slabs per rank).
+
+The config is loaded and checked once (``feature.check_config``, the launch's own check, so doctor and a launch
+refuse in the same words). Read-only: the index is opened read-only (LMDB allows it next to a running server),
+slabs are only stat'ed and their JSON sidecars read.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from ..declare import DoctorInput, DoctorPart
-from .feature import CP_L3_CONFIG
+from ..declare import DoctorInput, DoctorPart, PluginFlagError
+from .feature import CP_L3_CONFIG, ENABLE_CP_L3
 
 __all__ = ["report", "l3_paths", "render_section"]
 
@@ -17,34 +25,38 @@ FIX = ("correct what it names in the --cp-l3-config file or on its disks (a writ
 
 
 def report(inp: DoctorInput) -> DoctorPart:
-    from .hicache.doctor import report as backend_report
-
-    rows, problems = l3_paths(inp.values.get(CP_L3_CONFIG.name))
-    section, more = backend_report(inp.values)
-    problems.extend(p for p in more if p not in problems)  # a bad config is one problem, not one per part
-    return DoctorPart({"l3_paths": rows}, tuple(problems), sections={"l3": section}, fix=FIX)
-
-
-def render_section(section: dict) -> list[str]:
-    """The "l3" section as text lines (plugin/doctor.py render_text)."""
-    from .hicache.doctor import render
-
-    return render(section)
+    path = inp.values.get(CP_L3_CONFIG.name)
+    cfg, problems = _load(path, bool(ENABLE_CP_L3.value_in(inp.values)))
+    rows = l3_paths(cfg, path, problems) if cfg is not None else []
+    section = _section(inp.values, cfg, problems)
+    return DoctorPart({"l3_paths": rows}, tuple(dict.fromkeys(problems)), sections={"l3": section}, fix=FIX)
 
 
-def l3_paths(config_path: str | None) -> tuple[list[dict[str, Any]], list[str]]:
-    if not config_path:
-        return [], []
-    problems: list[str] = []
+def _load(path: str | None, enabled: bool):
+    """(config or None, problems): the config parsed once; with L3 switched on, the launch check's refusal (if
+    any) as the problem."""
+    if not path:
+        return None, []
+    from .config import L3Config, L3ConfigError
+    from .feature import check_config
+
     try:
-        from .config import L3Config
-        from .diskcheck import budget_fit, probe_path
-    except ImportError as exc:
-        return [], [f"L3 engine not importable: {exc}"]
+        cfg = L3Config.load_once(path)
+    except (L3ConfigError, OSError) as exc:
+        return None, [f"--cp-l3-config {path}: {exc}"]
+    if not enabled:
+        return cfg, []
     try:
-        cfg = L3Config.load(config_path)
-    except Exception as exc:
-        return [], [f"--cp-l3-config {config_path}: {exc}"]
+        check_config(path)
+    except PluginFlagError as exc:
+        return cfg, [str(exc)]
+    return cfg, []
+
+
+def l3_paths(cfg, config_path: str, problems: list[str]) -> list[dict[str, Any]]:
+    """One row per configured disk (exists, O_DIRECT, free space, the budget fit); its problems join ``problems``."""
+    from .disk.space import budget_fit, probe_path
+
     rows = []
     fit = budget_fit(cfg, config_path)  # what the launch check refuses, in the same words
     for disk, space in zip(cfg.disks, fit):
@@ -54,4 +66,87 @@ def l3_paths(config_path: str | None) -> tuple[list[dict[str, Any]], list[str]]:
             row["problems"].append(space["problem"])
         rows.append(row)
         problems.extend(row.get("problems", []))
-    return rows, problems
+    return rows
+
+
+def _section(values: dict, cfg, problems: list[str]) -> dict:
+    """The "l3" section of doctor's JSON."""
+    from .hicache import extra_config
+
+    if not ENABLE_CP_L3.value_in(values):
+        return {"active": False}
+    path = CP_L3_CONFIG.value_in(values)
+    out: dict[str, Any] = {"active": True,
+                           "backend_class": f"{extra_config.MODULE_PATH}.{extra_config.CLASS_NAME}",
+                           "hicache_storage_backend": "dynamic", "config": path}
+    if cfg is None or problems:
+        out["error"] = problems[0] if problems else \
+            "--enable-cp-l3 needs --cp-l3-config PATH (write one: sglang-glm-ext l3 example-config)"
+        if not problems:
+            problems.append(out["error"])
+        return out
+    out["extra_config"] = extra_config.build(path)
+    out["state"] = {"deployment_id": cfg.deployment_id, "cold_start": cfg.cold_start, "ack": cfg.ack,
+                    "wait_ms": cfg.wait_ms, "ranks": cfg.num_ranks,
+                    "require_plp": cfg.require_plp, "plp": cfg.plp, "index": _index_state(cfg),
+                    "slabs": _slabs(cfg)}
+    return out
+
+
+def _index_state(cfg) -> dict:
+    from .engine.index import L3Index, deployment_tag
+
+    out: dict[str, Any] = {"path": cfg.index_path, "exists": os.path.isfile(os.path.join(cfg.index_path, "data.mdb"))}
+    if not out["exists"]:
+        return out
+    try:
+        idx = L3Index.open(cfg.index_path, cfg.index_map_size, readonly=True)
+    except Exception as exc:  # noqa: BLE001 - doctor reports, never raises
+        out["error"] = f"{type(exc).__name__}: {exc}"
+        return out
+    try:
+        out["entries_for_deployment"] = sum(1 for _ in idx.iter_prefix(deployment_tag(cfg.deployment_id)))
+        out["entries_total"] = idx.count()
+    finally:
+        idx.close()
+    return out
+
+
+def _slabs(cfg) -> list[dict]:
+    from .disk.slab_dir import read_slab_meta
+
+    rows = []
+    for rank in range(cfg.num_ranks):
+        d = cfg.slab_dir(rank)
+        names = sorted(n for n in os.listdir(d) if n.endswith(".slab")) if os.path.isdir(d) else []
+        for name in names:
+            path = os.path.join(d, name)
+            meta = read_slab_meta(path) or {}
+            rows.append({"rank": rank, "path": path, "bytes": os.path.getsize(path),
+                         "slots": meta.get("num_slots"), "page_bytes": meta.get("page_bytes"),
+                         "namespace": meta.get("ns_digest")})
+        if not names:
+            rows.append({"rank": rank, "path": d, "bytes": 0, "slots": None, "page_bytes": None, "namespace": None})
+    return rows
+
+
+def render_section(section: dict) -> list[str]:
+    """The "l3" section as text lines (plugin/doctor.py render_text)."""
+    from .hicache import extra_config
+
+    if not section.get("active"):
+        return []
+    lines = [f"L3 backend: {section['backend_class']} via --hicache-storage-backend dynamic"]
+    if "error" in section:
+        return lines + [f"  config {section['config']}: {section['error']}"]
+    lines.append("  extra config: " + extra_config.dump_json(dict(section["extra_config"])))
+    st = section["state"]
+    idx = st["index"]
+    entries = idx.get("entries_for_deployment", "no index yet" if not idx["exists"] else idx.get("error"))
+    lines.append(f"  deployment {st['deployment_id']!r}: cold_start={st['cold_start']}, ack={st.get('ack')}, "
+                 f"ranks={st['ranks']}, "
+                 f"index {idx['path']} ({entries} entries)")
+    for row in st["slabs"]:
+        lines.append(f"  rank {row['rank']} slab {row['path']}: {row['bytes']} B, {row['slots']} slots of "
+                     f"{row['page_bytes']} B pages, namespace {row['namespace']}")
+    return lines

@@ -1,5 +1,5 @@
-"""L3's patches of SGLang: the flags become SGLang's own HiCache storage tier (hooks in hicache/hooks.py), and the
-demo/test-only CPU stand-ins (Tier.DEMO, hicache/testing/cpu_standins.py), which register() never applies."""
+"""L3's patches of SGLang: the flags become SGLang's own HiCache storage tier (hooks in l3/hooks.py), and the
+demo/test-only CPU stand-ins (Tier.DEMO, demo/cpu_standins.py), which register() never applies."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ PATCHES: tuple[Patch, ...] = (
         id="l3.translate_flags",
         target="sglang.srt.server_args.ServerArgs.resolve_once",
         hook_type="before",
-        hook="sglang_glm_ext.l3.hicache.hooks:hook_resolve_once",
+        hook="sglang_glm_ext.l3.hooks:hook_resolve_once",
         feature=FEATURE,
         tier=Tier.FEATURE,
         reason="Turn --enable-cp-l3 --cp-l3-config into hicache_storage_backend='dynamic' plus the plugin's extra "
@@ -30,7 +30,7 @@ PATCHES: tuple[Patch, ...] = (
         id="l3.translate_flags_cli",
         target="sglang.srt.server_args.ServerArgs.from_cli_args",
         hook_type="after",
-        hook="sglang_glm_ext.l3.hicache.hooks:hook_from_cli_args",
+        hook="sglang_glm_ext.l3.hooks:hook_from_cli_args",
         feature=FEATURE,
         tier=Tier.FEATURE,
         reason="The same translation as l3.translate_flags for a command line (launch_server, serve, --config "
@@ -47,7 +47,7 @@ PATCHES: tuple[Patch, ...] = (
         id="l3.storage_kv_dtype",
         target="sglang.srt.managers.cache_controller.HiCacheController._generate_storage_config",
         hook_type="after",
-        hook="sglang_glm_ext.l3.hicache.hooks:hook_storage_config",
+        hook="sglang_glm_ext.l3.hooks:hook_storage_config",
         feature=FEATURE,
         tier=Tier.FEATURE,
         reason="HiCacheStorageConfig has no KV dtype (0.5.23 TODO in hicache_storage.py, SGLang issue #33268); "
@@ -63,14 +63,14 @@ PATCHES: tuple[Patch, ...] = (
         id="l3.cp_storage_writers",
         target="sglang.srt.managers.cache_controller.HiCacheController._generate_storage_config",
         hook_type="after",
-        hook="sglang_glm_ext.l3.hicache.hooks:hook_cp_writers",
+        hook="sglang_glm_ext.l3.hooks:hook_cp_writers",
         feature=FEATURE,
         tier=Tier.FEATURE,
         reason="Stock 0.5.23 lets one rank write replicated MLA/DSA pages (HiCacheStorageConfig.is_storage_writer: "
         "tp_rank == dcp_rank, read by HiCacheController.backup_skip and the hybrid controller's backup), so under "
         "attention CP one thread on one disk writes for the whole group and a second node's ranks write nothing. "
         "For the plugin's backend only, every replica becomes a writer to SGLang and the backend keeps one owner "
-        "per page among its node's replicas (hicache/owners.py), each writing its own mapped disk.",
+        "per page among its node's replicas (hicache/cp_writers.py), each writing its own mapped disk.",
         seed_lines="128-151, 181-222, 367-392, 426-457, 522-560 (CP owner lanes: each page written by one owner)",
         sglang_versions=("0.5.23",),
         remove_when="SGLang lets a storage backend choose its writers (or spreads replicated writes itself).",
@@ -78,14 +78,14 @@ PATCHES: tuple[Patch, ...] = (
         source_sha="0c07af4c9973c70a",
     ),
     # Demo/test-only (Tier.DEMO): never applied by register(); installed only by `sglang-glm-ext demo` and the
-    # CPU tests through sglang_glm_ext.l3.hicache.testing.cpu_standins.install(), which refuses where a GPU is
+    # CPU tests through sglang_glm_ext.l3.demo.cpu_standins.install(), which refuses where a GPU is
     # visible or an SGLang server was launched in the process (and the resolve hook above refuses a launch in a
     # process where they are installed).
     Patch(
         id="l3_demo.cpu_kvcacheio",
         target="sglang.srt.mem_cache.pool_host.mla",
         hook_type="bind",
-        hook="sglang_glm_ext.l3.hicache.testing.cpu_standins:install",
+        hook="sglang_glm_ext.l3.demo.cpu_standins:install",
         feature=FEATURE,
         tier=Tier.DEMO,
         reason="On a CPU, 0.5.23's host pools leave the sgl_kernel kvcacheio ops unbound (imported only under "
@@ -103,7 +103,7 @@ PATCHES: tuple[Patch, ...] = (
         id="l3_demo.unpinned_mla_host_pool",
         target="sglang.srt.mem_cache.pool_host.mla.MLATokenToKVPoolHost.__init__",
         hook_type="around",
-        hook="sglang_glm_ext.l3.hicache.testing.cpu_standins:install",
+        hook="sglang_glm_ext.l3.demo.cpu_standins:install",
         feature=FEATURE,
         tier=Tier.DEMO,
         reason="pin_memory=True calls cudaHostRegister, which fails without a GPU; force pin_memory=False (as "
@@ -121,7 +121,7 @@ PATCHES: tuple[Patch, ...] = (
         id="l3_demo.unpinned_dsa_indexer_host_pool",
         target="sglang.srt.mem_cache.pool_host.dsa.DSAIndexerPoolHost.__init__",
         hook_type="around",
-        hook="sglang_glm_ext.l3.hicache.testing.cpu_standins:install",
+        hook="sglang_glm_ext.l3.demo.cpu_standins:install",
         feature=FEATURE,
         tier=Tier.DEMO,
         reason="As l3_demo.unpinned_mla_host_pool, for the DSA indexer host pool. Demo/test-only.",
@@ -136,7 +136,7 @@ PATCHES: tuple[Patch, ...] = (
         id="l3_demo.unpinned_mha_host_pool",
         target="sglang.srt.mem_cache.pool_host.mha.MHATokenToKVPoolHost.__init__",
         hook_type="around",
-        hook="sglang_glm_ext.l3.hicache.testing.cpu_standins:install",
+        hook="sglang_glm_ext.l3.demo.cpu_standins:install",
         feature=FEATURE,
         tier=Tier.DEMO,
         reason="As l3_demo.unpinned_mla_host_pool, for the MHA host pool. Demo/test-only.",

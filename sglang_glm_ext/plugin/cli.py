@@ -141,12 +141,12 @@ def _add_l3(sub) -> None:
 
 
 def _add_demo(sub) -> None:
-    from ..l3.hicache.demo import add_demo_subcommand  # the main job: L3 under SGLang's real HiCache on a CPU
+    from ..l3.demo.run import add_demo_subcommand  # the main job: L3 under SGLang's real HiCache on a CPU
 
     add_demo_subcommand(sub)
 
     def run(args) -> int:
-        from ..l3.hicache.demo import run_demo
+        from ..l3.demo.run import run_demo
         from .register import register
 
         return run_demo(args, register)

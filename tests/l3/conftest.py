@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_glm_ext.l3.disk import DiskSlab
-from sglang_glm_ext.l3.store import L3Store
+from sglang_glm_ext.l3.disk.slab import DiskSlab
+from sglang_glm_ext.l3.engine.store import L3Store
 
 
 @pytest.fixture

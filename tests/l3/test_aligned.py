@@ -3,7 +3,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from sglang_glm_ext.l3.aligned import AlignedBuffer, buffer_address, is_aligned
+from sglang_glm_ext.l3.disk.aligned import AlignedBuffer, buffer_address, is_aligned
 
 
 def test_buffer_is_page_aligned_writable_and_exact_size():

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from sglang_glm_ext.l3.config import L3Config, L3ConfigError
-from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
-from sglang_glm_ext.l3.index import IndexEntry, make_key
-from sglang_glm_ext.l3.store import L3Store
+from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.engine.index import IndexEntry, make_key
+from sglang_glm_ext.l3.engine.store import L3Store
 
 PB = 8192 + 10
 SLOT = slot_bytes_for(PB)
@@ -168,7 +168,7 @@ def test_load_drops_every_entry_of_a_slab_it_cannot_vouch_for(tmp_path):
     import json
     import os
 
-    from sglang_glm_ext.l3.store import slab_path
+    from sglang_glm_ext.l3.engine.store import slab_path
 
     for damage in ("deleted", "no_sidecar", "other_slot_bytes", "other_num_slots"):
         root = tmp_path / damage
@@ -201,7 +201,7 @@ def test_a_v1_slab_is_discarded_at_load_and_a_v1_blob_is_a_miss_never_served(tmp
     old_version, is never served, and its entry is reclaimed."""
     import json
 
-    from sglang_glm_ext.l3.store import slab_path
+    from sglang_glm_ext.l3.engine.store import slab_path
 
     s = opened(tmp_path, "clear")
     spill(s, range(6))
@@ -389,7 +389,7 @@ def test_load_pauses_the_cyclic_gc_only_while_it_runs_and_restores_it_as_it_was(
     the process's GC state is what it was before, whichever it was, even when the load fails."""
     import gc
 
-    from sglang_glm_ext.l3 import coldstart
+    from sglang_glm_ext.l3.engine import coldstart
 
     s = opened(tmp_path, "clear")
     spill(s, range(3))

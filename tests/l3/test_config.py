@@ -203,3 +203,35 @@ def test_ack_and_wait_defaults_are_write_behind_with_a_bounded_wait(tmp_path):
     c = L3Config.from_dict(_base(tmp_path, ack="durable", queues={"wait_ms": 100}))
     assert (c.ack, c.wait_ms) == ("durable", 100)
     assert L3Config.from_dict(_base(tmp_path, queues={"wait_ms": 0})).wait_ms == 0  # the old drop
+
+
+def test_load_once_parses_a_file_once_per_process_and_again_when_it_changes(tmp_path, monkeypatch):
+    """One launch loads its config once (issue 23, item 4): the flag validation, the flag translation, the backend
+    and doctor of one process share one parse; an edited file or another env override is parsed again."""
+    path = tmp_path / "l3.toml"
+    path.write_text(example_config(str(tmp_path / "d")))
+    calls = []
+    real = L3Config._parse.__func__
+
+    def counting(cls, raw, p):
+        calls.append(p)
+        return real(cls, raw, p)
+
+    monkeypatch.setattr(L3Config, "_parse", classmethod(counting))
+    first = L3Config.load_once(str(path))
+    assert L3Config.load_once(str(path)) is first and len(calls) == 1
+    path.write_text(example_config(str(tmp_path / "d")).replace('cold_start = "clear"', 'cold_start = "load"'))
+    assert L3Config.load_once(str(path)).cold_start == "load" and len(calls) == 2
+    monkeypatch.setenv("SGLANG_CP_L3_COLD_START", "clear")
+    assert L3Config.load_once(str(path)).cold_start == "clear" and len(calls) == 3
+
+
+def test_the_test_only_write_delay_is_read_with_the_config_and_checked(tmp_path, monkeypatch):
+    assert L3Config.from_dict(_base(tmp_path)).test_write_delay_ms == 0
+    monkeypatch.setenv("SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS", "250")
+    c = L3Config.from_dict(_base(tmp_path))
+    assert c.test_write_delay_ms == 250 and c == L3Config.from_dict(_base(tmp_path))
+    for bad in ("-1", "soon", "60001"):
+        monkeypatch.setenv("SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS", bad)
+        with pytest.raises(L3ConfigError, match="SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS"):
+            L3Config.from_dict(_base(tmp_path))

@@ -1,4 +1,4 @@
-"""The store's counters the metrics read (l3/counters.py, ``stats()``): bytes beside pages, reload inflight, and
+"""The store's counters the metrics read (l3/engine/counters.py, ``stats()``): bytes beside pages, reload inflight, and
 monotonic across ``clear``."""
 
 import hashlib
@@ -7,8 +7,8 @@ import threading
 import numpy as np
 
 from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
-from sglang_glm_ext.l3.layout import PageLayout
+from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.disk.host_layout import PageLayout
 
 PB = 2 * 4096 + 300
 SLOT = slot_bytes_for(PB)

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
 from sglang_glm_ext.l3.tools.fsck import fsck
-from sglang_glm_ext.l3.store import L3Store
+from sglang_glm_ext.l3.engine.store import L3Store
 
 REPO = str(Path(__file__).resolve().parents[2])
 PB = 2 * 4096 + 300
@@ -25,7 +25,7 @@ SLOTS = 600
 COMMON = textwrap.dedent(f"""
     import hashlib
     import numpy as np
-    from sglang_glm_ext.l3.format import Namespace, PayloadKind
+    from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind
     PB = {PB}
     NS = Namespace("glm5", "bf16", "page_first", 64, 0, 78, "tp0")
     K = PayloadKind.TARGET_KV
@@ -38,7 +38,7 @@ COMMON = textwrap.dedent(f"""
 CHILD = COMMON + textwrap.dedent("""
     import sys
     from sglang_glm_ext.l3.config import L3Config
-    from sglang_glm_ext.l3.store import L3Store
+    from sglang_glm_ext.l3.engine.store import L3Store
     cfg = L3Config.from_file(sys.argv[1])
     start = int(sys.argv[2])
     s = L3Store.open(cfg, rank=0, namespace=NS, page_bytes={K: PB}, cold_start=sys.argv[3])
@@ -150,7 +150,7 @@ def test_sigkill_loop_each_restart_takes_the_owner_lock_and_leaves_no_dead_reade
     open: each restart gets the (deployment, rank) owner lock the dead process held (the kernel released it),
     no reader slot of a dead process is left after an open, and every page a child saw as present reads back
     exactly. (A child killed inside a read transaction leaves a slot; one killed between them leaves none.)"""
-    from sglang_glm_ext.l3.index import L3Index
+    from sglang_glm_ext.l3.engine.index import L3Index
 
     cfg_path = _config(tmp_path)
     cfg = L3Config.from_file(cfg_path)

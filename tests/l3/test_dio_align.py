@@ -3,8 +3,8 @@ block size), and a reader uses what its own file reports."""
 
 import os
 
-from sglang_glm_ext.l3 import dio_align as A
-from sglang_glm_ext.l3.slab_reader import SlabReader
+from sglang_glm_ext.l3.disk import dio_align as A
+from sglang_glm_ext.l3.disk.slab_reader import SlabReader
 
 
 def _pow2(n):
@@ -55,13 +55,13 @@ def test_without_statx_the_block_device_then_the_file_system_answers(tmp_path):
 def test_a_reader_plans_with_what_its_file_reports_and_buffered_needs_none(tmp_path, monkeypatch):
     path = tmp_path / "s.slab"
     path.write_bytes(bytes(3 * 4096))
-    monkeypatch.setattr("sglang_glm_ext.l3.slab_reader.probe_dio_alignment",
+    monkeypatch.setattr("sglang_glm_ext.l3.disk.slab_reader.probe_dio_alignment",
                         lambda fd: A.DioAlignment(2048, 1024, "injected"))
     with SlabReader(path, 4096) as rd:
         assert rd.align == (A.DioAlignment(2048, 1024, "injected") if rd.direct else A.BUFFERED)
     with SlabReader(path, 4096, direct=False) as rd:
         assert rd.align == A.BUFFERED
-    monkeypatch.setattr("sglang_glm_ext.l3.slab_reader.probe_dio_alignment",
+    monkeypatch.setattr("sglang_glm_ext.l3.disk.slab_reader.probe_dio_alignment",
                         lambda fd: A.DioAlignment(512, 8192, "a 8 KiB-sector device"))
     with SlabReader(path, 4096) as rd:  # does not fit the 4 KiB slot grid: 4 KiB plans
         if rd.direct:

@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from sglang_glm_ext.l3 import disk as D
-from sglang_glm_ext.l3 import format as F
-from sglang_glm_ext.l3.aligned import AlignedBuffer
-from sglang_glm_ext.l3.disk import DiskSlab, SlabError, SlabGeometryError, SlabLockedError
+from sglang_glm_ext.l3.disk import slab as D
+from sglang_glm_ext.l3.disk import format as F
+from sglang_glm_ext.l3.disk.aligned import AlignedBuffer
+from sglang_glm_ext.l3.disk.slab import DiskSlab, SlabError, SlabGeometryError, SlabLockedError
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 NS = F.Namespace("glm-5", "fp8_e4m3", "page_first", 64, 0, 78, "tp0of1").digest()
@@ -163,7 +163,7 @@ def test_second_opener_in_process_is_locked_out(slab):
 def test_second_opener_in_other_process_is_locked_out_until_close(slab):
     code = (
         "import sys\n"
-        "from sglang_glm_ext.l3.disk import DiskSlab, SlabLockedError\n"
+        "from sglang_glm_ext.l3.disk.slab import DiskSlab, SlabLockedError\n"
         "try:\n"
         f"    DiskSlab.open({str(slab.path)!r}, slot_bytes={SLOT}, num_slots=8).close(); print('OPENED')\n"
         "except SlabLockedError as e:\n"

@@ -6,8 +6,8 @@ import struct
 import pytest
 import xxhash
 
-from sglang_glm_ext.l3 import format as F
-from sglang_glm_ext.l3.aligned import AlignedBuffer
+from sglang_glm_ext.l3.disk import format as F
+from sglang_glm_ext.l3.disk.aligned import AlignedBuffer
 
 NS = F.Namespace("glm-5", "fp8_e4m3", "page_first", 64, 0, 78, "tp0of1")
 KEY = "0123456789abcdef" * 4

@@ -31,10 +31,10 @@ import numpy as np
 import pytest
 
 from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.disk import fail_write
-from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
-from sglang_glm_ext.l3.index import deployment_tag
-from sglang_glm_ext.l3.store import L3Store
+from sglang_glm_ext.l3.disk.slab import fail_write
+from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.engine.index import deployment_tag
+from sglang_glm_ext.l3.engine.store import L3Store
 
 PB = 16 * 1024 - 128
 SLOT = slot_bytes_for(PB)

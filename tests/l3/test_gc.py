@@ -5,8 +5,8 @@ import hashlib
 import numpy as np
 
 from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
-from sglang_glm_ext.l3.store import L3Store
+from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.engine.store import L3Store
 
 PB = 4096
 SLOT = slot_bytes_for(PB)
@@ -145,7 +145,7 @@ def test_racing_reader_of_a_reclaimed_slot_sees_a_miss(tmp_path):
         now = s.index.get(s._ikey(K, bytes.fromhex(key(1))))
         assert now.slot == stale.slot
         st = s._kinds[K]
-        ok, reason = s._reload_one(st, bytes.fromhex(key(0)), stale, np.zeros(PB, np.uint8), None, None)
+        ok, reason = s._reloader.read_into(st, bytes.fromhex(key(0)), stale, np.zeros(PB, np.uint8))
         assert not ok and reason == "hash_mismatch"
     finally:
         s.close()

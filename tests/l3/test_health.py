@@ -3,7 +3,7 @@ bounded rate while it lasts and while it flaps, never a traceback per round."""
 
 import logging
 
-from sglang_glm_ext.l3 import health
+from sglang_glm_ext.l3.engine import health
 
 
 class Clock:

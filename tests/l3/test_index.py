@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from sglang_glm_ext.l3.index import IndexEntry, L3Index, deployment_tag, make_key, split_key
+from sglang_glm_ext.l3.engine.index import IndexEntry, L3Index, deployment_tag, make_key, split_key
 
 NS_A = b"A" * 16
 NS_B = b"B" * 16
@@ -131,7 +131,7 @@ _TRUNC_CHILD = textwrap.dedent("""
     import sys
     which, path = sys.argv[1], sys.argv[2]
     if which == "index":
-        from sglang_glm_ext.l3.index import L3Index
+        from sglang_glm_ext.l3.engine.index import L3Index
         try:
             ix = L3Index.open(path, 2**24)
         except OSError as e:
@@ -143,8 +143,8 @@ _TRUNC_CHILD = textwrap.dedent("""
         print("OPENED", n, flush=True)
     else:
         from sglang_glm_ext.l3.config import L3Config
-        from sglang_glm_ext.l3.format import Namespace, PayloadKind
-        from sglang_glm_ext.l3.store import L3Store, L3StoreError
+        from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind
+        from sglang_glm_ext.l3.engine.store import L3Store, L3StoreError
         cfg = L3Config.from_file(path)
         try:
             s = L3Store.open(cfg, rank=0, namespace=Namespace("m", "bf16", "page_first", 64, 0, 1, "tp0"),
@@ -302,7 +302,7 @@ def test_an_intact_index_is_scanned_without_a_full_walk(tmp_path):
 # could see is ever reused: the file grows towards map full) and holds one of max_readers slots.
 _READER_CHILD = textwrap.dedent("""
     import sys, time
-    from sglang_glm_ext.l3.index import L3Index
+    from sglang_glm_ext.l3.engine.index import L3Index
     ix = L3Index.open(sys.argv[1], 2**24)
     txn = ix.env.begin()
     txn.get(b"k" * 57)
@@ -320,8 +320,8 @@ def test_the_reader_slot_of_a_killed_rank_is_cleared_when_a_store_opens(tmp_path
     import signal
 
     from sglang_glm_ext.l3.config import L3Config
-    from sglang_glm_ext.l3.format import Namespace, PayloadKind
-    from sglang_glm_ext.l3.store import L3Store
+    from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind
+    from sglang_glm_ext.l3.engine.store import L3Store
 
     live = L3Index.open(str(tmp_path / "index"), 2**24)  # another rank that stays up the whole time
     script = tmp_path / "reader.py"
@@ -352,8 +352,8 @@ def test_the_reader_slot_of_a_killed_rank_is_cleared_when_a_store_opens(tmp_path
 
 
 def test_a_key_is_built_and_read_only_through_named_fields():
-    from sglang_glm_ext.l3.format import PayloadKind
-    from sglang_glm_ext.l3.index import IndexKey, KeySpace
+    from sglang_glm_ext.l3.disk.format import PayloadKind
+    from sglang_glm_ext.l3.engine.index import IndexKey, KeySpace
 
     dep, h = deployment_tag("d"), _h(7)
     space = KeySpace(dep, NS_A)

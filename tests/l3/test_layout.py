@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from sglang_glm_ext.l3 import format as F
-from sglang_glm_ext.l3.aligned import AlignedBuffer
-from sglang_glm_ext.l3.layout import PageLayout
+from sglang_glm_ext.l3.disk import format as F
+from sglang_glm_ext.l3.disk.aligned import AlignedBuffer
+from sglang_glm_ext.l3.disk.host_layout import PageLayout
 
 RNG = np.random.default_rng(5)
 

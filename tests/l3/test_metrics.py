@@ -1,4 +1,4 @@
-"""l3/metrics.py: the mapping from ``stats()`` to samples, the fork's names, and the process registry's promises
+"""l3/hicache/metrics.py: the mapping from ``stats()`` to samples, the fork's names, and the process registry's promises
 (one registration per process, counters fed by deltas and never dropping, a failed stats() never escaping)."""
 
 import hashlib
@@ -6,9 +6,9 @@ import hashlib
 import numpy as np
 import pytest
 
-from sglang_glm_ext.l3 import metrics
+from sglang_glm_ext.l3.hicache import metrics
 from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
 
 PB = 4096 + 100
 SLOT = slot_bytes_for(PB)
@@ -148,7 +148,7 @@ def test_no_prometheus_import_at_module_import():
     import subprocess
     import sys
 
-    code = "import sys, sglang_glm_ext.l3.metrics, sglang_glm_ext.l3.store; print('prometheus_client' in sys.modules)"
+    code = "import sys, sglang_glm_ext.l3.hicache.metrics, sglang_glm_ext.l3.engine.store; print('prometheus_client' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"  # SGLang sets PROMETHEUS_MULTIPROC_DIR before the client's first import
 

@@ -20,8 +20,8 @@ CHILD = textwrap.dedent("""
     import hashlib, sys
     import numpy as np
     from sglang_glm_ext.l3.config import L3Config
-    from sglang_glm_ext.l3.format import Namespace, PayloadKind
-    from sglang_glm_ext.l3.store import L3Store
+    from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind
+    from sglang_glm_ext.l3.engine.store import L3Store
     PB = 3 * 4096 + 11
     K = PayloadKind.TARGET_KV
     NS = Namespace("glm5", "bf16", "page_first", 64, 0, 78, "shared")  # same shard: pages are interchangeable

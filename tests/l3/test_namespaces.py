@@ -22,9 +22,9 @@ import os
 import numpy as np
 
 from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
-from sglang_glm_ext.l3.index import deployment_tag
-from sglang_glm_ext.l3.store import L3Store
+from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.engine.index import deployment_tag
+from sglang_glm_ext.l3.engine.store import L3Store
 
 K = PayloadKind.TARGET_KV
 PB = 8192 + 10

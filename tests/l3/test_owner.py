@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.disk import SlabLockedError
-from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
-from sglang_glm_ext.l3.index import L3Index
-from sglang_glm_ext.l3.store import L3OwnerLockedError, L3Store, L3StoreError
+from sglang_glm_ext.l3.disk.slab import SlabLockedError
+from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.engine.index import L3Index
+from sglang_glm_ext.l3.engine.store import L3OwnerLockedError, L3Store, L3StoreError
 
 REPO = str(Path(__file__).resolve().parents[2])
 PB = 4096 + 7
@@ -39,7 +39,7 @@ def cfg_dict(tmp_path, disk, dep="t"):
 
 
 def _entries(tmp_path, store_like_dep):
-    from sglang_glm_ext.l3.index import deployment_tag
+    from sglang_glm_ext.l3.engine.index import deployment_tag
 
     ix = L3Index.open(str(tmp_path / "index"), 2**24)
     try:
@@ -52,8 +52,8 @@ CHILD = textwrap.dedent(f"""
     import hashlib, json, sys, time
     import numpy as np
     from sglang_glm_ext.l3.config import L3Config
-    from sglang_glm_ext.l3.format import Namespace, PayloadKind
-    from sglang_glm_ext.l3.store import L3Store
+    from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind
+    from sglang_glm_ext.l3.engine.store import L3Store
     PB = {PB}
     K = PayloadKind.TARGET_KV
     NS = Namespace("glm5", "bf16", "page_first", 64, 0, 78, "tp0")
@@ -122,7 +122,7 @@ def test_a_second_open_in_one_process_is_refused_and_the_live_store_can_be_found
 
 
 def test_the_slab_lock_message_no_longer_recommends_the_broken_set_up(tmp_path):
-    from sglang_glm_ext.l3.disk import DiskSlab
+    from sglang_glm_ext.l3.disk.slab import DiskSlab
 
     path = tmp_path / "x.slab"
     a = DiskSlab.open(path, slot_bytes=4096, num_slots=4)

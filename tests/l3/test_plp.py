@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from sglang_glm_ext.l3.disk import PlpReport, check_plp, probe_plp
-from sglang_glm_ext.l3.plp import PlpRequiredError
+from sglang_glm_ext.l3.disk.slab import PlpReport, check_plp, probe_plp
+from sglang_glm_ext.l3.disk.plp import PlpRequiredError
 
 
 def _write(path, text):

@@ -4,9 +4,9 @@ transfer obeys the alignment the file system reported (memory address, file offs
 import numpy as np
 import pytest
 
-from sglang_glm_ext.l3.dio_align import DioAlignment
-from sglang_glm_ext.l3.format import HEADER_SIZE, slot_bytes_for
-from sglang_glm_ext.l3.read_plan import period, plan_read
+from sglang_glm_ext.l3.disk.dio_align import DioAlignment
+from sglang_glm_ext.l3.disk.format import HEADER_SIZE, slot_bytes_for
+from sglang_glm_ext.l3.disk.read_plan import period, plan_read
 
 GLM5_CHUNK, GLM5_LAYERS = 64 * 656, 78  # 41,984 B per layer and page (SGLang's fp8 DSA MLA row: 656 B)
 GLM5_PAGE = GLM5_CHUNK * GLM5_LAYERS

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.format import HEADER_SIZE, Namespace, PayloadKind, slot_bytes_for
-from sglang_glm_ext.l3.layout import PageLayout
-from sglang_glm_ext.l3.store import L3Store
+from sglang_glm_ext.l3.disk.format import HEADER_SIZE, Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.disk.host_layout import PageLayout
+from sglang_glm_ext.l3.engine.store import L3Store
 
 K = PayloadKind.TARGET_KV
 NS = Namespace("glm5", "fp8", "layer_first", 64, 0, 3, "tp0")
@@ -74,8 +74,8 @@ def test_page_first_reloads_are_exact_at_any_address_and_never_touch_a_neighbour
             assert s.reload_into(K, [key(1)], [dst]) == [True], off
             assert np.array_equal(dst, payload(1, pb)), off
             assert (arr[:off] == GUARD).all() and (arr[off + pb:] == GUARD).all(), off
-        io = s._reads.io_counters()
-        if s._reads.alignment() and all("mem 512 B" in a or "mem 4 B" in a for a in s._reads.alignment().values()):
+        io = s._reloader.io_counters()
+        if s._reloader.alignment() and all("mem 512 B" in a or "mem 4 B" in a for a in s._reloader.alignment().values()):
             # 512 B memory alignment (ext4 on virtio here, NVMe reports 4 B): the aligned offsets went straight in
             assert io["direct_bytes"] >= 4 * (pb // 512 * 512 - 4096)
         assert io["span_reads"] == 7
@@ -115,7 +115,7 @@ def test_layer_first_reloads_land_in_each_chunk_exactly_and_nothing_else_moves(t
     n_layers, pages, gap = 4, 3, 4096 + 7
     pb = n_layers * sb
     s = open_store(tmp_path, pb)
-    s._reads.vectored = vectored
+    s._reloader.vectored = vectored
     try:
         spill(s, range(pages), pb)
         arr = guarded(base + n_layers * pages * sb + gap + 8192)
@@ -148,8 +148,8 @@ def test_a_glm5_layer_first_page_is_read_with_no_payload_copy(tmp_path):
         assert s.reload_into_layout(K, [key(0)], layout, [1]) == [True]
         lay = arr.reshape(n_layers, pages, CHUNK)
         assert np.array_equal(lay[:, 1].ravel(), payload(0, pb)) and (lay[:, 0] == GUARD).all()
-        io = s._reads.io_counters()
-        align = next(iter(s._reads.alignment().values()))
+        io = s._reloader.io_counters()
+        align = next(iter(s._reloader.alignment().values()))
         if "mem 512 B" in align or "mem 4 B" in align:
             assert io["direct_bytes"] == pb and io["bounced_bytes"] == 0, align
     finally:
@@ -216,7 +216,7 @@ def test_a_refused_direct_transfer_falls_back_and_still_reads_exact_bytes(tmp_pa
         assert s.reload_into(K, [key(4)], [dst]) == [True]
         monkeypatch.undo()
         assert np.array_equal(dst, payload(4, pb)) and (arr[:512] == GUARD).all() and (arr[512 + pb:] == GUARD).all()
-        rd = next(iter(s._reads._readers.values()))
+        rd = next(iter(s._reloader._readers.values()))
         if len(calls) == 3:  # the reader was direct: 4 KiB plans, then buffered reads
             assert rd.io_mode == "buffered" and rd.align.source.startswith("buffered")
     finally:
@@ -232,7 +232,7 @@ def test_flush_returns_only_after_the_reload_outcomes_recorded_before_it_are_app
     import threading
     import time
 
-    from sglang_glm_ext.l3.messages import Barrier
+    from sglang_glm_ext.l3.engine.messages import Barrier
 
     pb = 3 * CHUNK
     s = open_store(tmp_path, pb)

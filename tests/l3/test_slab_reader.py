@@ -4,10 +4,10 @@ for fsck) and the owner's reads going through it."""
 import numpy as np
 import pytest
 
-from sglang_glm_ext.l3.aligned import AlignedBuffer
-from sglang_glm_ext.l3.disk import DiskSlab
+from sglang_glm_ext.l3.disk.aligned import AlignedBuffer
+from sglang_glm_ext.l3.disk.slab import DiskSlab
 from sglang_glm_ext.l3.errors import SlabGeometryError
-from sglang_glm_ext.l3.slab_reader import ShortRead, SlabReader
+from sglang_glm_ext.l3.disk.slab_reader import ShortRead, SlabReader
 
 SLOT = 2 * 4096
 

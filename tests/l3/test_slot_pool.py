@@ -4,7 +4,7 @@ import tracemalloc
 
 import pytest
 
-from sglang_glm_ext.l3.slot_pool import SlotPool, SlotPoolError
+from sglang_glm_ext.l3.engine.slot_pool import SlotPool, SlotPoolError
 
 
 def test_alloc_until_full_then_none():

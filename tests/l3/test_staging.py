@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
-from sglang_glm_ext.l3.layout import PageLayout
+from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.disk.host_layout import PageLayout
 
 PB = 2 * 4096 + 300
 SLOT = slot_bytes_for(PB)
@@ -283,7 +283,7 @@ def test_a_durable_spill_that_times_out_answers_false(store, stalled):
 def test_a_full_staging_waits_for_room_when_the_caller_may_wait_and_drops_otherwise(tmp_path):
     """Issue 20, item 8, at the engine: with a wait a burst larger than staging is taken whole (brief
     backpressure), without one the overflow is dropped and counted."""
-    from sglang_glm_ext.l3.store import L3Store
+    from sglang_glm_ext.l3.engine.store import L3Store
 
     c = L3Config.from_dict({
         "deployment_id": "bp", "disks": [{"path": str(tmp_path / "disk"), "budget": 64 * SLOT}],

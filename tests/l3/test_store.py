@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from sglang_glm_ext.l3.config import L3Config, L3ConfigError
-from sglang_glm_ext.l3.disk import fail_write
-from sglang_glm_ext.l3.format import HEADER_SIZE, Namespace, PayloadKind, slot_bytes_for
-from sglang_glm_ext.l3.layout import PageLayout
-from sglang_glm_ext.l3.store import L3Store, L3StoreError
+from sglang_glm_ext.l3.disk.slab import fail_write
+from sglang_glm_ext.l3.disk.format import HEADER_SIZE, Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.disk.host_layout import PageLayout
+from sglang_glm_ext.l3.engine.store import L3Store, L3StoreError
 
 PB = 3 * 4096 + 100  # not a BLOCK multiple, like GLM-5's 3,274,752 B
 SLOT = slot_bytes_for(PB)
@@ -446,7 +446,7 @@ def _dep_cfg(tmp_path, dep, disk, **over):
 
 
 def test_a_blob_written_by_one_deployment_never_verifies_for_another(tmp_path):
-    from sglang_glm_ext.l3.format import verify_blob_reason
+    from sglang_glm_ext.l3.disk.format import verify_blob_reason
 
     a = L3Store.open(_dep_cfg(tmp_path, "a", tmp_path / "da"), rank=0, namespace=NS, page_bytes={K: PB})
     b = L3Store.open(_dep_cfg(tmp_path, "b", tmp_path / "db"), rank=0, namespace=NS, page_bytes={K: PB})
@@ -530,7 +530,7 @@ def test_missing_directories_are_created_owner_only_whatever_the_umask(tmp_path)
 # Issue 7, item 7: a failed slab write must not pin a staging buffer, nor leave the staging accounting wrong.
 @pytest.mark.parametrize("err", [errno.EIO, errno.ENOSPC])
 def test_after_one_failed_write_later_spills_of_every_kind_succeed(tmp_path, err):
-    from sglang_glm_ext.l3.disk import fail_write as _fail
+    from sglang_glm_ext.l3.disk.slab import fail_write as _fail
 
     ik, ipb = PayloadKind.INDEX_K, 4096
     c = cfg(tmp_path, disks=[{"path": str(tmp_path / "disk"), "budget": 40 * (SLOT + slot_bytes_for(ipb))}],
@@ -658,7 +658,7 @@ def test_a_stale_verify_failure_never_deletes_a_newer_entry_for_the_same_slot(st
     """Found by reading: a reader looks up X (entry E1 at slot s), X is freed and stored again into the same
     slot (entry E2: same location, newer commit), and the reader's read of s is torn. Its verify failure names
     E1; the reclaim matched on location only, so it deleted E2, a valid durable page."""
-    from sglang_glm_ext.l3 import store as store_mod
+    from sglang_glm_ext.l3.engine import store as store_mod
 
     spill_durable(store, [7])
     e1 = store.index.get(store._ikey(K, bytes.fromhex(key(7))))
@@ -700,8 +700,8 @@ def test_the_read_only_slab_falls_back_from_o_direct_without_closing_a_descripto
     can take the freed number, so a reader in flight reads some other file."""
     import errno as _errno
 
-    from sglang_glm_ext.l3.aligned import AlignedBuffer
-    from sglang_glm_ext.l3.store import ReadOnlySlab
+    from sglang_glm_ext.l3.disk.aligned import AlignedBuffer
+    from sglang_glm_ext.l3.engine.store import ReadOnlySlab
 
     slab = tmp_path / "x.slab"
     want = np.random.default_rng(3).integers(0, 256, 2 * 4096, dtype=np.uint8)

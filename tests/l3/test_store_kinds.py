@@ -11,8 +11,8 @@ import pytest
 
 from sglang_glm_ext.l3.config import L3Config, L3ConfigError
 from sglang_glm_ext.l3.errors import L3StoreError
-from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
-from sglang_glm_ext.l3.store import L3Store
+from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.engine.store import L3Store
 
 KV, IDX, DRAFT = PayloadKind.TARGET_KV, PayloadKind.INDEX_K, PayloadKind.DRAFT_KV
 PB = {KV: 2 * 4096 + 100, IDX: 1000, DRAFT: 4096 + 7}
@@ -159,7 +159,7 @@ def test_a_late_kind_is_loaded_from_the_index_alone_and_a_v1_slab_of_it_is_disca
     import json
     import os
 
-    from sglang_glm_ext.l3.store import slab_path
+    from sglang_glm_ext.l3.engine.store import slab_path
 
     c = cfg(tmp_path)
     with open_store(c, (KV, IDX)) as s:

@@ -11,9 +11,9 @@ import pytest
 
 from sglang_glm_ext.l3.config import L3Config
 from sglang_glm_ext.l3.errors import L3OwnerLockedError, L3StoreError
-from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
-from sglang_glm_ext.l3.owner import OwnerLock
-from sglang_glm_ext.l3.store import L3Store
+from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.disk.owner_lock import OwnerLock
+from sglang_glm_ext.l3.engine.store import L3Store
 
 PB = 4096 + 500
 SLOT = slot_bytes_for(PB)

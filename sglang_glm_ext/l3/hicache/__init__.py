@@ -4,16 +4,18 @@ Carries seed lines 163-180 (same-suffix requests in one tick), 251-281 (only a d
 393-425 (spill/reload wiring, object-granular acks), 458-486 (the flags, validation, store construction); under CP
 128-151, 181-222, 367-392, 426-457, 522-560 (owner lanes: each page written by one owner, GC per owner).
 
-* ``hooks.py``: the flags become SGLang's ``dynamic`` storage backend before ``resolve_once``; the logical KV dtype
-  reaches the backend (declared patches in ``l3/patches.py``).
-* ``backend.py``: ``L3HiCacheStorage`` (the ``HiCacheStorage`` subclass; SGLang-facing).
-* pure core, no SGLang: ``owners.py`` (node placement, replica sets, one owner per page under CP), ``keys.py``
-  (string keys, namespaces, sidecar pools' format-bound keys), ``layouts.py`` (host pool layouts -> ``PageLayout``, the written layout decisions), ``attach.py`` (the extra config). What SGLang
-  expects of a backend beyond that (a page visible as soon as ``batch_set`` returns, one store per (config, rank)
-  per process, a payload kind added after open) is the store's: ``L3Store`` (``l3/store.py``).
-* ``doctor.py``: the backend's part of ``sglang-glm-ext doctor``; ``demo.py``: ``sglang-glm-ext demo``.
-* ``testing/``: demo/test-only CPU stand-ins for SGLang's GPU copy ops, a HiCache stack driver and one
-  attention-CP rank as a process (``cp_ranks.py``, gloo).
+Plan apart from run (as SGLang's HF3FS and Mooncake backends keep theirs):
 
+* ``backend.py``: ``L3HiCacheStorage``, the ``HiCacheStorage`` subclass SGLang builds; a thin adapter whose
+  methods each hand their call on in a line, through one guard and one error net.
+* ``plan.py``: the attach plan, decided once (served pools as frozen per-pool records, namespace, L3 rank, CP
+  writers), from ``sglang_pools.py`` (what it reads off SGLang's host pools and runtime context),
+  ``pool_plans.py`` (host pool layouts -> ``PageLayout``, the written layout decisions), ``keys.py`` (string keys,
+  namespaces, sidecar pools' format-bound keys), ``cp_writers.py`` (node placement, one owner per page under CP)
+  and ``extra_config.py`` (what SGLang's ``dynamic`` factory hands the backend).
+* ``datapath.py``: the run: SGLang's calls against the store with nothing left to decide.
+* ``metrics.py``: the ``sglang:cp_l3_*`` metrics and when an attach pushes them.
+
+The hooks that put the backend into SGLang are the feature's (``l3/hooks.py``, declared in ``l3/patches.py``).
 Design: ``docs_internal/l3_hicache.md``, under CP ``docs_internal/l3_cp.md``.
 """

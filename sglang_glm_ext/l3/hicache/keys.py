@@ -68,7 +68,7 @@ def pool_keys(raw_keys: list[bytes], tag: "bytes | None") -> list[bytes]:
 
 @dataclass(frozen=True)
 class PoolFormat:
-    """One served host pool's page byte format, as decided at attach (see ``layouts.py``)."""
+    """One served host pool's page byte format, as decided at attach (see ``pool_plans.py``)."""
 
     pool: str            # SGLang PoolName value: kv, indexer, draft, draft_indexer
     family: str          # mla | dsa_indexer | mha
@@ -88,7 +88,7 @@ class ShardIdentity:
     layers (also in the layer range). Decode-context-parallel ranks hold disjoint token slices of a page.
     Attention-DP replicas of the same shard hold the same bytes and share pages on purpose, and so do attention-CP
     ranks: DSA all-gathers the KV before it is saved, so CP ranks are replicas (one owner writes each page,
-    ``owners.py``); no CP rank here.
+    ``cp_writers.py``); no CP rank here.
     """
 
     replicated: bool
@@ -123,7 +123,7 @@ class NamespaceSpec:
     extra: tuple[tuple[str, str], ...] = field(default=())  # seams (CP, future formats): sorted (key, value)
 
     def to_namespace(self):
-        from ..format import Namespace
+        from ..disk.format import Namespace
 
         layout = json.dumps({"host_layout": self.host_layout, "pools": [asdict(p) for p in self.pools],
                              "extra": list(self.extra)}, sort_keys=True, separators=(",", ":"))

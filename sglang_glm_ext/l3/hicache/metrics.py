@@ -1,4 +1,25 @@
-"""The HiCache backend's hook into the L3 metrics (l3/metrics.py): when, and under which labels, an attach pushes.
+"""L3 metrics in SGLang's Prometheus namespace: the fork's ``sglang:cp_l3_*`` names (seed 339-366) and new ones beside
+them, fed from the store's ``stats()`` (and the HiCache backend's counters) by a push thread, off the data path.
+
+Three parts, each with one job:
+
+* ``METRICS``: every metric, its type, its own labels and meaning (docs_internal/l3_metrics.md is this table).
+* :func:`store_samples` / :func:`backend_samples`: a pure mapping from a ``stats()`` dict to ``(name, labels,
+  value)`` samples. Counters are the store's cumulative totals here; they become Prometheus increments in
+  :class:`_Source` (the delta since the last push), so a Prometheus counter only ever goes up: ``clear()`` resets
+  no store counter, and a store closed and opened again (its counters restart at 0) is a new baseline, not a drop.
+* The process registry: the metric families are created once per process (``_families``), sources are keyed by
+  their label values (``register``): an attach, a detach and a re-attach with the same labels reuse one source and
+  never register a metric twice. One daemon thread pushes every source each ``PUSH_INTERVAL_S``; it is the only
+  thread that reads ``stats()`` for metrics, so neither the scheduler thread nor an I/O thread ever waits on it.
+
+prometheus_client is imported at first use, never at import time: SGLang sets ``PROMETHEUS_MULTIPROC_DIR`` before
+it imports prometheus_client (``entrypoints/engine.py`` -> ``set_prometheus_multiproc_dir``) and the client picks
+its value store (per-process mmap files in multiprocess mode) when it is first imported. Gauges use
+``multiprocess_mode="mostrecent"`` as SGLang's own gauges do (each process has its own rank labels, so the most
+recent value of a label set is that process's); counters are per-process files, summed at scrape.
+
+When, and under which labels, a HiCache backend attach pushes (:func:`attach` / :func:`detach`):
 
 On exactly when SGLang's own storage metrics are on: ``storage_config.enable_storage_metrics``, which SGLang sets
 from ``--enable-metrics`` (scheduler.py -> ``CacheInitParams.enable_metrics`` -> the assembler's
@@ -14,14 +35,354 @@ CP fields is one CP rank.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
 
-from .. import metrics as l3_metrics
+log = logging.getLogger(__name__)
 
-log = logging.getLogger("sglang_glm_ext")
+__all__ = ["METRICS", "MetricSpec", "BASE_LABELS", "PUSH_INTERVAL_S", "store_samples", "backend_samples",
+           "register", "Registration", "push_all", "registered_sources", "enabled",
+           "metric_labels", "attach", "detach"]
 
-__all__ = ["enabled", "metric_labels", "attach", "detach"]
+PUSH_INTERVAL_S = 1.0  # as the fork's collector (~1 s): a dashboard resolution, not a data-path rate
 
+# Labels every L3 sample carries: SGLang's storage collector's own (storage_attachment.py
+# _resolve_metrics_collector: tp/dp/pp and attn_cp_*), the fork's cp_rank / cp_size (its dashboards filter on them;
+# the same values as attn_cp_*), the L3 rank (which slab set) and the deployment. SGLang's --extra-metric-labels
+# keys follow, in the order they are given at the first registration of the process.
+BASE_LABELS = ("tp_rank", "dp_rank", "pp_rank", "pp_size", "attn_cp_rank", "attn_cp_size", "cp_rank", "cp_size",
+               "l3_rank", "deployment")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str                     # as exposed ("..._total" for counters)
+    type: str                     # "counter" | "gauge"
+    doc: str
+    labels: tuple[str, ...] = ()  # the sample's own labels, beside BASE_LABELS
+    fork: bool = False            # a name the fork's dashboards use: never rename
+
+
+def _c(name, doc, labels=(), fork=False):
+    return MetricSpec(f"sglang:cp_l3_{name}_total", "counter", doc, labels, fork)
+
+
+def _g(name, doc, labels=(), fork=False):
+    return MetricSpec(f"sglang:cp_l3_{name}", "gauge", doc, labels, fork)
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    # ---- the fork's names and meanings
+    _g("used_slots", "L3 slots holding a page, per payload kind (slab occupancy).", ("payload",), fork=True),
+    _g("total_slots", "L3 slots of this rank's slab, per payload kind.", ("payload",), fork=True),
+    _g("inflight_spill", "Pages accepted by spill and not yet durable or dropped (staged, queued or being written).",
+       fork=True),
+    _g("inflight_reload", "Pages inside a reload call right now (read into host memory, verified where they "
+       "landed).", fork=True),
+    _g("queue_depth", "Depth of the store's background queues: write (staged pages waiting for the writer), control "
+       "(free / clear / add-kind messages), touch (LRU updates from reloads).", ("queue",), fork=True),
+    _c("spill_pages", "Pages made durable in L3 (payload fdatasync'ed and index entry committed).", fork=True),
+    _c("reload_pages", "Pages served by reload into host memory (verified, or copied from staging).", fork=True),
+    _c("gc_reclaimed", "Pages reclaimed by L3's LRU GC to make room (index entry deleted, slot freed).", fork=True),
+    _c("write_errors", "Page writes that failed (EIO, ENOSPC, failed fdatasync, unknown commit outcome).", fork=True),
+    # ---- new beside them
+    _g("inflight_spill_limit", "The configured cap on spill inflight pages (queues.max_inflight): at the cap, "
+       "spills are dropped."),
+    _g("staging_bytes", "Staging memory: in_use (pages held), allocated, peak (allocated high-water), cap "
+       "(queues.staging_bytes).", ("state",)),
+    _g("cold_start_loaded_pages", "Pages a 'load' cold start kept from before the restart (0 after a clear)."),
+    _g("acked_not_durable_pages", "Pages spill acknowledged (write-behind: SGLang's batch_set answered True) and not "
+       "yet durable: what a crash right now would lose (misses after the restart, never wrong bytes). Bounded by "
+       "the staging cap; always 0 under ack = 'durable'."),
+    _g("acked_not_durable_bytes", "Payload bytes of acked_not_durable_pages."),
+    _g("acked_not_durable_oldest_seconds", "Age of the oldest acknowledged page not yet durable (0 when none): the "
+       "write-behind window right now."),
+    _c("spill_bytes", "Payload bytes made durable (the pages of spill_pages)."),
+    _c("reload_bytes", "Payload bytes served by reload (the pages of reload_pages)."),
+    _c("reload_from_staging", "Of reload_pages: pages served from a staged copy, not yet durable."),
+    _c("reload_misses", "Pages asked of reload and not served (absent, corrupt, unreadable or a refused "
+       "destination)."),
+    _c("corrupt_pages", "Pages whose blob failed verification on reload (checksum, header, another page or "
+       "deployment): a miss, and the entry is reclaimed."),
+    _c("dropped_writes", "Pages spill did not take: staging (staging bytes or max inflight full), pool_full (no "
+       "slot the GC could free), bad_input (malformed key or page).", ("reason",)),
+    _c("dedup_pages", "Pages accepted by spill without a write (already durable or staged)."),
+    _c("freed_pages", "Pages removed by free() (SGLang's eviction of L3 entries)."),
+    _c("index_errors", "Index operations refused: full (LMDB map full: puts refused, pages not stored), io (write "
+       "transactions the file system refused, e.g. a full disk: pages not stored, reclaims retried later), damage "
+       "(scans that found malformed keys or values).", ("reason",)),
+    _g("write_path_failing", "1 while a write path fails (a full or failing disk): slab (page writes) or index "
+       "(index commits); 0 once it works again. Each change is logged once (and at most once a minute while it "
+       "lasts).", ("path",)),
+    _c("index_stale_readers_cleared", "LMDB reader slots of dead processes cleared by this store."),
+    _c("reload_bad_destination", "Reload pages refused before any I/O: the destination cannot take the page in place."),
+    _c("data_path_errors", "Unexpected exceptions in the store's data path, turned into misses or dropped writes."),
+    _c("backend_rejected", "Pages or transfers the HiCache backend refused before the store: bad_indices (pages), "
+       "unknown_pool (transfers), not_ready (pages asked before the attach or after the close).", ("reason",)),
+    _c("backend_errors", "Backend calls that raised and were turned into misses or dropped writes."),
+    _c("backend_not_owned_pages", "Under CP: pages SGLang handed this replica for backup that another rank of the node "
+       "owns; acknowledged without a write (their owner writes them). Its share of all handed pages shows the "
+       "spread."),
+)
+SPECS: dict[str, MetricSpec] = {m.name: m for m in METRICS}
+
+Sample = tuple  # (name, ((label, value), ...), value)
+
+
+def store_samples(st: Mapping) -> list[Sample]:
+    """The store's ``stats()`` as samples. Pure: no prometheus_client, no I/O. A key the store lacks is no sample."""
+    out: list[Sample] = []
+
+    def put(short, value, typ="gauge", **labels):
+        if value is None:
+            return
+        name = f"sglang:cp_l3_{short}" + ("_total" if typ == "counter" else "")
+        out.append((name, tuple(sorted(labels.items())), float(value)))
+
+    for kind, s in (st.get("slots") or {}).items():
+        put("used_slots", s.get("used"), payload=kind)
+        put("total_slots", s.get("total"), payload=kind)
+    put("inflight_spill", st.get("inflight"))
+    put("inflight_reload", st.get("reload_inflight"))
+    put("inflight_spill_limit", st.get("max_inflight"))
+    for q, key in (("write", "write_queue_depth"), ("control", "control_queue_depth"), ("touch", "pending_touches")):
+        put("queue_depth", st.get(key), queue=q)
+    for state, key in (("in_use", "staging_bytes"), ("allocated", "staging_allocated_bytes"),
+                       ("peak", "staging_peak_bytes"), ("cap", "staging_cap_bytes")):
+        put("staging_bytes", st.get(key), state=state)
+    put("cold_start_loaded_pages", st.get("cold_start_loaded_pages"))
+    put("acked_not_durable_pages", st.get("acked_not_durable_pages"))
+    put("acked_not_durable_bytes", st.get("acked_not_durable_bytes"))
+    put("acked_not_durable_oldest_seconds", st.get("acked_not_durable_oldest_s"))
+    for short, key in (("spill_pages", "spilled"), ("reload_pages", "reload_hits"), ("gc_reclaimed", "gc_reclaimed"),
+                       ("write_errors", "write_errors"), ("spill_bytes", "spilled_bytes"),
+                       ("reload_bytes", "reload_bytes"), ("reload_from_staging", "reload_from_staging"),
+                       ("reload_misses", "reload_misses"), ("corrupt_pages", "verify_failures"),
+                       ("dedup_pages", "dedup"), ("freed_pages", "freed"),
+                       ("index_stale_readers_cleared", "index_stale_readers_cleared"),
+                       ("reload_bad_destination", "reload_bad_dst"), ("data_path_errors", "data_path_errors")):
+        put(short, st.get(key), "counter")
+    for reason, key in (("staging", "dropped_staging"), ("pool_full", "dropped_pool_full"),
+                        ("bad_input", "dropped_bad_input")):
+        put("dropped_writes", st.get(key), "counter", reason=reason)
+    put("index_errors", st.get("index_full"), "counter", reason="full")
+    put("index_errors", st.get("index_write_errors"), "counter", reason="io")
+    failing = st.get("write_path_failing")
+    if failing is not None:
+        for path in ("slab", "index"):
+            put("write_path_failing", int(path in failing), path=path)
+    put("index_errors", st.get("index_damage_seen"), "counter", reason="damage")
+    return out
+
+
+def backend_samples(c: Mapping) -> list[Sample]:
+    """One HiCache backend's counters (``L3HiCacheStorage.l3_stats()["backend"]``) as samples."""
+    out: list[Sample] = []
+    for reason in ("bad_indices", "unknown_pool", "not_ready"):
+        if c.get(reason) is not None:
+            out.append(("sglang:cp_l3_backend_rejected_total", (("reason", reason),), float(c[reason])))
+    if c.get("errors") is not None:
+        out.append(("sglang:cp_l3_backend_errors_total", (), float(c["errors"])))
+    if c.get("set_not_owned") is not None:
+        out.append(("sglang:cp_l3_backend_not_owned_pages_total", (), float(c["set_not_owned"])))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- process registry
+_LOCK = threading.RLock()         # sources, families, pushes
+_FAMILIES: dict[str, object] = {}  # name -> prometheus_client metric: created once per process
+_LABELNAMES: tuple[str, ...] = ()  # BASE_LABELS + extra labels, fixed by the first registration
+_SOURCES: dict[tuple, "_Source"] = {}
+_THREAD: "threading.Thread | None" = None
+_WAKE = threading.Event()
+_OWNER_IDS = itertools.count(1)  # not id(owner): an id is reused once its object is gone
+_warned: set[str] = set()
+
+
+def _warn_once(what: str, msg: str, *args) -> None:
+    if what not in _warned:
+        _warned.add(what)
+        log.warning(msg, *args)
+
+
+def _families(labels: Mapping[str, str]) -> dict:
+    """The metric families, created at the first call of the process with BASE_LABELS + ``labels``' other keys."""
+    global _LABELNAMES
+    if not _FAMILIES:
+        from prometheus_client import Counter, Gauge
+
+        extra = tuple(k for k in labels if k not in BASE_LABELS)
+        names = BASE_LABELS + extra
+        made = {}
+        for m in METRICS:
+            if m.type == "counter":
+                made[m.name] = Counter(m.name, m.doc, labelnames=names + m.labels)
+            else:
+                made[m.name] = Gauge(m.name, m.doc, labelnames=names + m.labels, multiprocess_mode="mostrecent")
+        _FAMILIES.update(made)
+        _LABELNAMES = names
+    return _FAMILIES
+
+
+def _project(labels: Mapping[str, str]) -> dict[str, str]:
+    """``labels`` on the process's label names: a missing one is '', one the families lack is dropped (warned once).
+    The families cannot change their label names once registered (SGLang keeps its storage collector's the same
+    way, storage_attachment.py)."""
+    unknown = sorted(set(labels) - set(_LABELNAMES))
+    if unknown:
+        _warn_once("labels", "L3 metrics: labels %s are not on the metrics registered first in this process "
+                   "(%s); dropped", unknown, list(_LABELNAMES))
+    return {k: str(labels.get(k, "")) for k in _LABELNAMES}
+
+
+@dataclass
+class _Owner:
+    store_stats: Callable[[], Mapping]          # the store's stats()
+    store_token: object                          # the store's identity: its counters' baseline
+    backend_stats: Callable[[], Mapping] | None  # a backend's counters, or None
+
+
+class _Source:
+    """One label set: the owners attached under it (they share one store; each has its own backend counters) and
+    the last cumulative total pushed per (store or owner, metric, labels)."""
+
+    def __init__(self, labels: dict[str, str]):
+        self.labels = labels
+        self.owners: dict[int, _Owner] = {}
+        self.last: dict[tuple, float] = {}
+
+    def push(self, fams: dict) -> None:
+        owners = list(self.owners.items())
+        if not owners:
+            return
+        first = owners[0][1]
+        self._emit(fams, id(first.store_token), store_samples(first.store_stats()))
+        for oid, o in owners:
+            if o.backend_stats is not None:
+                self._emit(fams, oid, backend_samples(o.backend_stats()))
+
+    def _emit(self, fams: dict, token: int, rows: Iterable[Sample]) -> None:
+        for name, lbl, value in rows:
+            spec = SPECS.get(name)
+            if spec is None:
+                continue
+            child = fams[name].labels(**self.labels, **dict(lbl))
+            if spec.type == "gauge":
+                child.set(value)
+                continue
+            key = (token, name, lbl)
+            last = self.last.get(key, 0.0)
+            # A total below the last one is a new store's count from 0 (closed and opened again): all of it is new.
+            delta = value - last if value >= last else value
+            if delta > 0:
+                child.inc(delta)
+            self.last[key] = value
+
+    def forget(self, token: int) -> None:
+        for key in [k for k in self.last if k[0] == token]:
+            del self.last[key]
+
+
+class Registration:
+    """What :func:`register` hands back: close it once at detach (a final push, then the owner leaves)."""
+
+    def __init__(self, key: tuple, oid: int):
+        self._key, self._oid, self._closed = key, oid, False
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(_SOURCES[self._key].labels) if self._key in _SOURCES else {}
+
+    def push(self) -> None:
+        """Push this source now (tests; the thread does it every PUSH_INTERVAL_S)."""
+        with _LOCK:
+            src = _SOURCES.get(self._key)
+            if src is not None:
+                _push_one(src)
+
+    def close(self) -> None:
+        with _LOCK:
+            if self._closed:
+                return
+            self._closed = True
+            src = _SOURCES.get(self._key)
+            if src is None or self._oid not in src.owners:
+                return
+            _push_one(src)  # the last counts of this owner reach Prometheus before it leaves
+            owner = src.owners.pop(self._oid)
+            src.forget(self._oid)
+            if all(o.store_token is not owner.store_token for o in src.owners.values()):
+                src.forget(id(owner.store_token))
+            # The source (and its label set's last gauge values) stays: a re-attach under the same labels reuses it.
+
+
+def register(owner: object, labels: Mapping[str, object], store_stats: Callable[[], Mapping], store_token: object,
+             backend_stats: Callable[[], Mapping] | None = None) -> "Registration | None":
+    """Start pushing ``store_stats()`` (and ``backend_stats()``) under ``labels`` for ``owner`` (the attaching
+    backend: each registration is one owner, however often an owner registers); None if prometheus_client cannot be
+    imported (metrics off, warned once: serving goes on). ``store_token``: the store object itself (owners of one
+    label set and one store share its counters' baseline; it is held until the registration closes)."""
+    labels = {k: str(v) for k, v in labels.items()}
+    with _LOCK:
+        try:
+            fams = _families(labels)
+        except ImportError as e:
+            _warn_once("import", "L3 metrics off: prometheus_client is not importable (%s)", e)
+            return None
+        projected = _project(labels)
+        key = tuple(projected[k] for k in _LABELNAMES)
+        src = _SOURCES.get(key)
+        if src is None:
+            src = _SOURCES[key] = _Source(projected)
+        oid = next(_OWNER_IDS)
+        src.owners[oid] = _Owner(store_stats, store_token, backend_stats)
+        _push_one(src, fams)
+        _ensure_thread()
+        return Registration(key, oid)
+
+
+def _push_one(src: _Source, fams: dict | None = None) -> None:
+    try:
+        src.push(fams or _FAMILIES)
+    except Exception as e:  # noqa: BLE001 - a metrics failure never reaches the store's callers
+        _warn_once(f"push:{type(e).__name__}", "L3 metrics push failed (%s: %s); retried next interval",
+                   type(e).__name__, e)
+
+
+def push_all() -> None:
+    """Push every source once (the thread's body; tests call it to skip the wait)."""
+    with _LOCK:
+        for src in list(_SOURCES.values()):
+            _push_one(src)
+
+
+def registered_sources() -> dict[tuple, int]:
+    """Label values -> owners attached (diagnostics and tests)."""
+    with _LOCK:
+        return {k: len(s.owners) for k, s in _SOURCES.items()}
+
+
+def _ensure_thread() -> None:
+    global _THREAD
+    if _THREAD is not None and _THREAD.is_alive():
+        return
+    _THREAD = threading.Thread(target=_run, name="sglang-glm-ext-l3-metrics", daemon=True)
+    _THREAD.start()
+
+
+def _run() -> None:
+    while True:
+        _WAKE.wait(PUSH_INTERVAL_S)
+        _WAKE.clear()
+        with _LOCK:
+            if not any(s.owners for s in _SOURCES.values()):
+                global _THREAD
+                _THREAD = None
+                return
+        push_all()
 
 def enabled(storage_config) -> bool:
     return bool(getattr(storage_config, "enable_storage_metrics", False))
@@ -66,7 +427,7 @@ def metric_labels(storage_config, *, l3_rank: int, deployment: str, cp_rank=None
     return labels
 
 
-def attach(backend) -> "l3_metrics.Registration | None":
+def attach(backend) -> "Registration | None":
     """Register the backend's store (and counters) with the process's L3 metrics; None when metrics are off.
     Called once the store is open (on_host_pools_registered). Never raises: metrics never fail an attach."""
     if not enabled(backend.storage_config):
@@ -75,7 +436,7 @@ def attach(backend) -> "l3_metrics.Registration | None":
         store = backend.store
         labels = metric_labels(backend.storage_config, l3_rank=backend.rank, deployment=backend.config.deployment_id,
                                cp_rank=getattr(backend, "cp_rank", None), cp_size=getattr(backend, "cp_size", None))
-        return l3_metrics.register(backend, labels, store.stats, store.shared,
+        return register(backend, labels, store.stats, store.shared,
                                    backend_stats=backend.c.as_dict)
     except Exception:  # noqa: BLE001
         log.exception("sglang-glm-ext L3: metrics registration failed; serving goes on without L3 metrics")

@@ -42,11 +42,18 @@ import time
 import numpy as np
 import xxhash
 
-from sglang_glm_ext.l3.aligned import AlignedBuffer
 from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
-from sglang_glm_ext.l3.layout import PageLayout
-from sglang_glm_ext.l3.store import L3Store
+
+try:  # the engine's rooms (issue 23)
+    from sglang_glm_ext.l3.disk.aligned import AlignedBuffer
+    from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+    from sglang_glm_ext.l3.disk.host_layout import PageLayout
+    from sglang_glm_ext.l3.engine.store import L3Store
+except ModuleNotFoundError:  # an engine from before them: benchmark/l3_ab.py runs this file against both
+    from sglang_glm_ext.l3.aligned import AlignedBuffer
+    from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
+    from sglang_glm_ext.l3.layout import PageLayout
+    from sglang_glm_ext.l3.store import L3Store
 
 GLM5_PAGE = 64 * 78 * 656  # 3,274,752 B
 KIND = PayloadKind.TARGET_KV
@@ -305,7 +312,7 @@ def bench_page_size(page: int, args) -> dict:
 
     store = L3Store.open(store_config(root, n, slot, args), rank=0, namespace=ns, page_bytes={KIND: page})
     # The engine's read path where it has one to switch (a private seam: the bench measures both modes).
-    reads = getattr(store, "_reads", None)
+    reads = getattr(store, "_reloader", None) or getattr(store, "_reads", None)
     # Layer-first: the engine's default read first (key reload_layer_first, what both sides of an A/B have), then
     # the other mode where the engine has two (reload_layer_first_single / _vectored): vectored vs single transfer.
     default = getattr(reads, "vectored", None)

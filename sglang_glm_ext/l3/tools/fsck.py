@@ -35,13 +35,12 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 
-from ..aligned import AlignedBuffer
+from ..disk.aligned import AlignedBuffer
 from ..config import L3Config, L3ConfigError
-from ..format import (FORMAT_VERSION, OLD_FORMAT_VERSIONS, BlobCheck, PayloadKind, check_header, parse_header_reason,
-                      slot_header_reason, verify_blob_reason)
-from ..index import IndexEntry, L3Index, deployment_tag, split_key
-from ..slab_dir import kind_slabs, read_slab_meta, slab_namespaces
-from ..slab_reader import SlabReader
+from ..disk.format import (FORMAT_VERSION, OLD_FORMAT_VERSIONS, BlobCheck, PayloadKind, check_header, parse_header_reason, slot_header_reason, verify_blob_reason)
+from ..engine.index import IndexEntry, L3Index, deployment_tag, split_key
+from ..disk.slab_dir import kind_slabs, read_slab_meta, slab_namespaces
+from ..disk.slab_reader import SlabReader
 
 __all__ = ["FsckReport", "fsck", "fsck_main"]
 

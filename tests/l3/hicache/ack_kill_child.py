@@ -18,7 +18,7 @@ def main() -> None:
     import sglang_glm_ext
 
     sglang_glm_ext.register()
-    from sglang_glm_ext.l3.hicache.testing import cpu_standins, stack
+    from sglang_glm_ext.l3.demo import cpu_standins, stack
 
     cpu_standins.install()
     spec = stack.StackSpec(layers=2, device_pages=4 * pages)
@@ -52,7 +52,7 @@ def main() -> None:
            "acked_not_durable_pages": s["acked_not_durable_pages"],
            "acked_not_durable_bytes": s["acked_not_durable_bytes"],
            "acked_not_durable_oldest_s": s["acked_not_durable_oldest_s"],
-           "durable_at_ack": be.store.exists(be.kinds["kv"], [bytes.fromhex(k) for k in answered],
+           "durable_at_ack": be.store.exists(be.plan.kv.kind, [bytes.fromhex(k) for k in answered],
                                              include_staged=False)}
     with open(out, "w") as f:
         json.dump(rec, f)

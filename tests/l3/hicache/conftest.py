@@ -1,6 +1,6 @@
 """Fixtures for the L3 HiCache backend tests: SGLang's real host pools and HiCache stack on a CPU.
 
-The CPU stand-ins (sglang_glm_ext/l3/hicache/testing/cpu_standins.py) are installed per module and removed after
+The CPU stand-ins (sglang_glm_ext/l3/demo/cpu_standins.py) are installed per module and removed after
 it. SGLang's storage test kit imports ``datasets`` through ``sglang.benchmark`` (not part of the CPU set-up): when
 it is missing, a stub module whose ``load_dataset`` raises is inserted, only in this test process.
 """
@@ -44,8 +44,8 @@ def plugin():
 
 @pytest.fixture(scope="module")
 def standins(plugin):
-    from sglang_glm_ext.l3.hicache import hooks
-    from sglang_glm_ext.l3.hicache.testing import cpu_standins
+    from sglang_glm_ext.l3 import hooks
+    from sglang_glm_ext.l3.demo import cpu_standins
 
     hooks._LAUNCHED = False  # an earlier test module may have resolved a launch-like record in this process
     cpu_standins.install()

@@ -26,7 +26,7 @@ PAGES = 6
 
 
 def _stack(cfg):
-    from sglang_glm_ext.l3.hicache.testing import stack
+    from sglang_glm_ext.l3.demo import stack
 
     spec = stack.StackSpec(layers=2, device_pages=4 * PAGES)
     sa = stack.publish_server_args(spec, storage_backend=None, extra_config='{"prefetch_threshold": 64}',
@@ -48,7 +48,7 @@ def test_a_sigkill_right_after_sglangs_ack_loses_only_the_write_behind_window(tm
 
     st = _stack(cfg)  # the restart: cold_start = "load"
     try:
-        store, kind = st.backend.store, st.backend.kinds["kv"]
+        store, kind = st.backend.store, st.backend.plan.kv.kind
         durable = [store.exists(kind, [storage_key(k)], include_staged=False) == 1 for k in rec["acked"]]
         lost = durable.count(False)
         loaded = st.prefetch(rec["tokens"], "after-kill")  # through SGLang: the prefix it finds in L3

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from sglang_glm_ext.l3.hicache.attach import AttachError
+from sglang_glm_ext.l3.hicache.extra_config import AttachError
 
 from .conftest import write_config
 
@@ -17,13 +17,13 @@ pytestmark = pytest.mark.usefixtures("standins")
 
 @pytest.fixture(scope="module", autouse=True)
 def published(standins):
-    from sglang_glm_ext.l3.hicache.testing import stack
+    from sglang_glm_ext.l3.demo import stack
 
     stack.publish_server_args(stack.StackSpec(), storage_backend=None, extra_config=None)
 
 
 def pools(family, layout, **kw):
-    from sglang_glm_ext.l3.hicache.testing.pools import build_host_pools
+    from sglang_glm_ext.l3.demo.pools import build_host_pools
 
     return build_host_pools(family, layout, **kw)
 
@@ -32,7 +32,7 @@ def attach(hp, cfg, **sc):
     from sglang.srt.mem_cache.hicache_storage import PoolName
 
     from sglang_glm_ext.l3.hicache.backend import L3HiCacheStorage
-    from sglang_glm_ext.l3.hicache.testing.pools import storage_config
+    from sglang_glm_ext.l3.demo.pools import storage_config
 
     sc.setdefault("is_mla", hp.family != "mha")
     be = L3HiCacheStorage(storage_config(cfg, **sc), {})
@@ -202,14 +202,14 @@ def test_corrupt_blob_is_a_counted_miss(tmp_path):
         assert all(be.batch_set_v1(["a", "b"], idx))
         be.store.flush()
         slab = be.store.slab("target_kv")
-        _, _, slot = be.store.locate(be.kinds["kv"], attach_mod_key("b"))
+        _, _, slot = be.store.locate(be.plan.kv.kind, attach_mod_key("b"))
         with open(slab.path, "r+b") as f:  # flip payload bytes of b's slot behind the store's back
             f.seek(slot * slab.slot_bytes + 4096)
             f.write(b"\xff" * 64)
         os.posix_fadvise(os.open(slab.path, os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
         assert be.batch_get_v1(["a", "b"], idx) == [True, False]
         st = be.l3_stats()
-        assert st["store"]["verify_failures"] == 1 and st["backend"]["get_misses"] == 1
+        assert st["store"]["verify_failures"] == 1 and st["store"]["reload_misses"] == 1
     finally:
         be.close()
 
@@ -217,7 +217,7 @@ def test_corrupt_blob_is_a_counted_miss(tmp_path):
 def test_full_disk_is_a_dropped_write_never_an_exception(tmp_path):
     import errno
 
-    from sglang_glm_ext.l3.disk import fail_write
+    from sglang_glm_ext.l3.disk.slab import fail_write
 
     hp = pools("dsa", "page_first")
     be = attach(hp, write_config(tmp_path))
@@ -254,7 +254,7 @@ def test_get_stats_hands_sglang_storage_metrics_and_drains(tmp_path):
 
 def test_two_attaches_share_one_store_and_the_last_detach_releases_its_locks(tmp_path):
     from sglang_glm_ext.l3.config import L3Config
-    from sglang_glm_ext.l3.store import L3Store
+    from sglang_glm_ext.l3.engine.store import L3Store
 
     cfg = write_config(tmp_path)
     hp = pools("dsa", "page_first")
@@ -267,7 +267,7 @@ def test_two_attaches_share_one_store_and_the_last_detach_releases_its_locks(tmp
     a.close()
     assert b.store is not None and b.exists("k")
     ns = b.namespace.to_namespace()
-    page_bytes = {b.kinds[n]: p.page_bytes for n, p in b.plans.items()}
+    page_bytes = b.plan.page_bytes()
     b.close()
     assert L3Store.find_open(L3Config.load(cfg), 0) is None
     # The slab and index locks are released: the engine opens the same slabs again in this process.
@@ -350,7 +350,7 @@ def test_sidecar_draft_pools_present_at_attach_are_served(tmp_path):
     hp.pools.update(side)
     be = attach(hp, weighted_config(tmp_path))
     try:
-        assert set(be.kinds) == {"kv", "indexer", "draft", "draft_indexer"}
+        assert set(be.plan.pools) == {"kv", "indexer", "draft", "draft_indexer"}
         # Their formats bind their keys, not the namespace: the same namespace as without them.
         assert {p["pool"] for p in be.namespace.describe()["pools"]} == {"kv", "indexer"}
         _draft_round_trip(be, hp, draft)
@@ -422,7 +422,7 @@ def _attach_error(hp, cfg, **kw):
 
 
 def test_unservable_pools_and_modes_are_refused_at_attach(tmp_path, monkeypatch):
-    from sglang_glm_ext.l3.hicache import backend as backend_mod
+    from sglang_glm_ext.l3.hicache import sglang_pools
 
     cfg = write_config(tmp_path)
     hp = pools("dsa", "page_first")
@@ -436,7 +436,7 @@ def test_unservable_pools_and_modes_are_refused_at_attach(tmp_path, monkeypatch)
 
     hp.pools["indexer"] = MambaPoolHost()
     assert "not served by L3" in _attach_error(hp, cfg)
-    monkeypatch.setattr(backend_mod, "_host_memory_mode", lambda: "buffer_only")
+    monkeypatch.setattr(sglang_pools, "host_memory_mode", lambda: "buffer_only")
     assert "buffer_only" in _attach_error(pools("dsa", "page_first"), cfg)
     monkeypatch.undo()
     from sglang.srt.runtime_context import get_parallel
@@ -444,7 +444,7 @@ def test_unservable_pools_and_modes_are_refused_at_attach(tmp_path, monkeypatch)
     with get_parallel().override(tp_rank=1, tp_size=2, attn_tp_size=2, moe_tp_size=2):  # rank 1 of TP 2 vs a 1-rank config
         assert "ranks.count = 1" in _attach_error(pools("dsa", "page_first"), cfg)
     from sglang_glm_ext.l3.config import L3Config
-    from sglang_glm_ext.l3.store import L3Store
+    from sglang_glm_ext.l3.engine.store import L3Store
 
     assert L3Store.find_open(L3Config.load(cfg), 0) is None  # a refused attach leaves no store open
 
@@ -490,9 +490,9 @@ def test_a_failing_engine_is_a_miss_or_a_dropped_write_never_an_exception(tmp_pa
 
 
 def test_get_stats_is_constant_work_whatever_the_traffic(tmp_path, monkeypatch):
-    from sglang_glm_ext.l3.hicache import backend as backend_mod
+    from sglang_glm_ext.l3.hicache import datapath
 
-    monkeypatch.setattr(backend_mod, "_SAMPLES", 3)
+    monkeypatch.setattr(datapath, "_SAMPLES", 3)
     hp = pools("dsa", "page_first")
     be = attach(hp, write_config(tmp_path))
     try:
@@ -511,7 +511,7 @@ def test_get_stats_is_constant_work_whatever_the_traffic(tmp_path, monkeypatch):
 
 
 def test_the_namespace_the_backend_names_is_the_digest_every_blob_is_sealed_with(tmp_path):
-    from sglang_glm_ext.l3.format import parse_header
+    from sglang_glm_ext.l3.disk.format import parse_header
 
     hp = pools("dsa", "page_first")
     be = attach(hp, write_config(tmp_path))
@@ -547,12 +547,12 @@ def test_glm5_host_pools_are_read_straight_into_their_pages_with_no_payload_copy
         assert all(be.batch_set_v1(keys, idx)) and all(be.batch_set_v2(transfers(hp, keys, idx))["indexer"])
         assert be.store.flush(30)  # durable: served from the slab, not from staging
         hp.zero()
-        before = dict(be.store._reads.io_counters())
+        before = dict(be.store._reloader.io_counters())
         assert be.batch_get_v1(keys, idx) == [True] * 3
-        io = {k: v - before.get(k, 0) for k, v in be.store._reads.io_counters().items()}
-        kv_page = be.plans["kv"].page_bytes
+        io = {k: v - before.get(k, 0) for k, v in be.store._reloader.io_counters().items()}
+        kv_page = be.plan.kv.page_bytes
         assert io["span_reads"] == 3 and io["direct_bytes"] + io["bounced_bytes"] == 3 * kv_page
-        align = {a for name, a in be.store._reads.alignment().items() if "target_kv" in name}
+        align = {a for name, a in be.store._reloader.alignment().items() if "target_kv" in name}
         base = hp.kv.kv_buffer.data_ptr()
         if align and all("mem 512 B" in a or "mem 4 B" in a for a in align) and base % 512 == 0:
             assert io["direct_bytes"] == 3 * kv_page and io["bounced_bytes"] == 0, (align, io)

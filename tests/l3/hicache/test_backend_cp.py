@@ -4,7 +4,7 @@ what any rank wrote (the node's shared index and the owner's slab); the CP rank 
 import pytest
 import torch
 
-from sglang_glm_ext.l3.hicache.attach import AttachError
+from sglang_glm_ext.l3.hicache.extra_config import AttachError
 
 from .conftest import write_config
 from .test_backend import attach, pools, transfers
@@ -14,7 +14,7 @@ PS = 64
 
 @pytest.fixture(autouse=True)
 def published(standins):
-    from sglang_glm_ext.l3.hicache.testing import stack
+    from sglang_glm_ext.l3.demo import stack
 
     stack.publish_server_args(stack.StackSpec(), storage_backend=None, extra_config=None)
 
@@ -71,7 +71,7 @@ def test_every_cp_rank_hits_every_page_and_each_page_is_written_once(tmp_path, s
         keys = _keys(8)
         idx = torch.arange(0, 8 * PS, dtype=torch.int64)
         _write_all(bes, hps, keys, idx)
-        written = [b.l3_stats()["backend"]["set_pages"] for b in bes]
+        written = [b.store.stats()["spill_accepted"] for b in bes]
         assert sum(written) == 2 * len(keys)  # KV + indexer, each page once over the group
         not_owned = [b.l3_stats()["backend"]["set_not_owned"] for b in bes]
         assert [w + o for w, o in zip(written, not_owned)] == [2 * len(keys)] * size
@@ -84,7 +84,7 @@ def test_every_cp_rank_hits_every_page_and_each_page_is_written_once(tmp_path, s
             assert be.batch_get_v2(transfers(hp, keys, idx))["indexer"] == [True] * len(keys)
             assert {n: [hp.page_bytes(n, p) for p in range(8)] for n in hp.pools} == want, r
         # the pages live in every rank's slabs, so each rank read some through another rank's slab
-        located = {bes[0].store.locate(bes[0].kinds["kv"], k)[0] for k in map(bytes.fromhex, keys)}
+        located = {bes[0].store.locate(bes[0].plan.kv.kind, k)[0] for k in map(bytes.fromhex, keys)}
         assert located == set(range(size))
     finally:
         for b in bes:
@@ -100,7 +100,7 @@ def test_one_per_node_mode_writes_everything_on_the_first_rank(tmp_path):
     try:
         keys = _keys(6)
         _write_all(bes, hps, keys, torch.arange(0, 6 * PS, dtype=torch.int64))
-        assert [b.l3_stats()["backend"]["set_pages"] for b in bes] == [12, 0]
+        assert [b.store.stats()["spill_accepted"] for b in bes] == [12, 0]
         assert bes[1].batch_exists(keys) == 6
     finally:
         for b in bes:
@@ -117,7 +117,7 @@ def test_without_the_writer_patch_each_rank_writes_what_sglang_hands_it(tmp_path
         assert be.writers.writes_everything
         keys = _keys(4)
         assert be.batch_set_v1(keys, torch.arange(0, 4 * PS, dtype=torch.int64)) == [True] * 4
-        assert be.l3_stats()["backend"]["set_pages"] == 4
+        assert be.store.stats()["spill_accepted"] == 4
     finally:
         be.close()
 

@@ -24,7 +24,7 @@ OPS, PAGES = 6, 16  # 96 pages in a burst, staging holds 8
 
 
 def _stack(cfg):
-    from sglang_glm_ext.l3.hicache.testing import stack
+    from sglang_glm_ext.l3.demo import stack
 
     spec = stack.StackSpec(layers=2, device_pages=64)
     sa = stack.publish_server_args(spec, storage_backend=None, extra_config=None,
@@ -33,7 +33,7 @@ def _stack(cfg):
 
 
 def _config(tmp_path, name, wait_ms=None):
-    from sglang_glm_ext.l3.format import slot_bytes_for
+    from sglang_glm_ext.l3.disk.format import slot_bytes_for
 
     cfg = write_config(tmp_path, name=name)
     page = 64 * 2 * 656  # KV page of this stack: 64 tokens x 2 layers x 656 B
@@ -69,7 +69,7 @@ def _burst(st, caplog):
     assert be.store.flush(120)
     from sglang_glm_ext.l3.hicache.keys import storage_key
 
-    kind = be.kinds["kv"]
+    kind = be.plan.kv.kind
     in_l3 = sum(be.store.exists(kind, [storage_key(k)], include_staged=False) for k in keys)
     failed_lines = [r for r in caplog.records if "Write page to storage" in r.getMessage()]
     return in_l3, sum(op.completed_tokens for op in acked) // PS, failed_lines, be.store.stats()
@@ -94,7 +94,7 @@ def test_wait_ms_0_keeps_the_drop_and_it_is_counted(tmp_path, caplog):
         assert in_l3 < OPS * PAGES and stats["dropped_staging"] > 0  # pages simply not in L3, counted
         assert acked <= in_l3 + stats["dropped_staging"]
         assert lines  # SGLang's own line for each failed batch: what the default avoids
-        from sglang_glm_ext.l3 import metrics
+        from sglang_glm_ext.l3.hicache import metrics
 
         got = {(n, lab): v for n, lab, v in metrics.store_samples(stats)}
         assert got[("sglang:cp_l3_dropped_writes_total", (("reason", "staging"),))] == stats["dropped_staging"]

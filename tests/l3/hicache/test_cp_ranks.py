@@ -1,7 +1,7 @@
 """2-3 gloo processes play the attention-CP ranks of one node with SGLang's real HiCache stack and controllers
 (UnifiedRadixCache + HybridCacheController over the DSA host pool group, the CP process group SGLang's controller
 builds its MIN agreements on) and the L3 backend with the plugin's writer patch. Driver:
-``sglang_glm_ext/l3/hicache/testing/cp_ranks.py``. Every multi-process run is bounded: a rank that does not finish in
+``sglang_glm_ext/l3/demo/cp_ranks.py``. Every multi-process run is bounded: a rank that does not finish in
 time fails the test (all ranks are killed), it is never skipped."""
 
 import json
@@ -40,7 +40,7 @@ def _spawn(tmp_path, name, world, config, scenario, **extra):
             "out": str(out), **extra}
     (d / "plan.json").write_text(json.dumps(plan))
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    procs = [subprocess.Popen([sys.executable, "-m", "sglang_glm_ext.l3.hicache.testing.cp_ranks",
+    procs = [subprocess.Popen([sys.executable, "-m", "sglang_glm_ext.l3.demo.cp_ranks",
                                str(d / "plan.json"), str(r)], env=env, cwd=REPO,
                               stdout=open(out / f"log{r}", "w"), stderr=subprocess.STDOUT)
              for r in range(world)]
@@ -99,12 +99,12 @@ def test_every_cp_rank_hits_what_any_rank_wrote_and_the_min_decides_one_prefix(t
         assert got["expect_fail_prefix"] >= 2 * PS
         assert got["loaded_fail"] == got["expect_fail_prefix"] and got["bytes_ok_fail"]
     # the writer patch spreads the writes: each page (KV + indexer) written by exactly one rank, every rank writes
-    written = [res[r]["after_write"]["set_pages"] for r in range(world)]
+    written = [res[r]["after_write"]["spill_accepted"] for r in range(world)]
     assert sum(written) == 2 * pages and all(w > 0 for w in written), written
-    assert all(res[r]["after_write"]["set_pages"] + res[r]["after_write"]["set_not_owned"] == 2 * pages
+    assert all(res[r]["after_write"]["spill_accepted"] + res[r]["after_write"]["not_owned"] == 2 * pages
                for r in range(world))
     # reads of pages other ranks wrote: every rank got all of them (KV + indexer), none missed
-    assert all(res[r]["final"]["get_misses"] == 0 for r in range(world))
+    assert all(res[r]["final"]["reload_misses"] == 0 for r in range(world))
 
 
 def test_a_sigkilled_rank_loses_nothing_acknowledged_and_survivors_serve_its_pages(tmp_path):

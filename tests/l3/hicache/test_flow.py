@@ -13,7 +13,7 @@ PS = 64
 
 
 def _stack(cfg, **spec_kw):
-    from sglang_glm_ext.l3.hicache.testing import stack
+    from sglang_glm_ext.l3.demo import stack
 
     spec = stack.StackSpec(**spec_kw)
     # SGLang skips a prefetch below its threshold (256 tokens by default); one page is enough here.
@@ -57,18 +57,18 @@ def test_write_back_evict_prefetch_restores_kv_and_indexer_exactly(tmp_path, lay
     st = _stack(write_config(tmp_path), layout=layout, io_backend=io, draft_layers=drafts)
     try:
         assert type(st.backend).__name__ == "L3HiCacheStorage"
-        assert set(st.backend.kinds) == {"kv", "indexer"}
+        assert set(st.backend.plan.pools) == {"kv", "indexer"}
         assert st.backend.namespace.kv_dtype == "float8_e4m3fn"  # from the plugin's storage-config hook
         tokens = _tokens(1, 6)
         want = _write(st, tokens, seed=1)
         stats = st.backend.l3_stats()
-        assert stats["backend"]["set_pages"] == 12  # 6 KV pages (v1) + 6 indexer pages (v2)
+        assert stats["store"]["spill_accepted"] == 12  # 6 KV pages (v1) + 6 indexer pages (v2)
         _drop_l2(st, tokens)
         _clear_device(st)
         assert st.prefetch(tokens, "r1") == len(tokens)
         got = st.snapshot_device(st.load_back(tokens))
         assert _same(got, want)
-        assert st.backend.l3_stats()["backend"]["get_hits"] == 12
+        assert st.backend.l3_stats()["store"]["reload_hits"] == 12
     finally:
         st.close()
 
@@ -103,7 +103,7 @@ def test_corrupt_blob_is_a_miss_and_recompute_restores_the_right_bytes(tmp_path)
         store = st.backend.store
         store.flush()
         hashes = get_storage_hash_str(tokens, None, page_size=PS)
-        _, _, slot = store.locate(st.backend.kinds["kv"], storage_key(hashes[2]))
+        _, _, slot = store.locate(st.backend.plan.kv.kind, storage_key(hashes[2]))
         slab = store.slab("target_kv")
         with open(slab.path, "r+b") as f:  # a torn / rotten page 2 on disk
             f.seek(slot * slab.slot_bytes + 2048)
@@ -130,7 +130,7 @@ def test_only_the_durable_prefix_of_a_request_is_loaded(tmp_path):
     """Seed 251-281: L3 holding only a prefix of a request must yield a node of exactly that prefix."""
     import errno
 
-    from sglang_glm_ext.l3.disk import fail_write
+    from sglang_glm_ext.l3.disk.slab import fail_write
 
     st = _stack(write_config(tmp_path))
     try:
@@ -199,7 +199,7 @@ def test_deployments_differing_only_in_kv_dtype_never_read_each_other(tmp_path):
         assert st2.backend.namespace.kv_dtype == "float8_e5m2"
         assert dict(st2.backend.store.stats()["slots"]).keys() == page_bytes.keys()
         assert st2.prefetch(tokens, "other-dtype") == 0
-        assert st2.backend.l3_stats()["backend"]["get_hits"] == 0
+        assert st2.backend.l3_stats()["store"]["reload_hits"] == 0
     finally:
         st2.close()
 
@@ -214,15 +214,15 @@ def test_sidecar_draft_pools_registered_after_attach_round_trip_through_sglang(t
     st = _stack(cfg, layout="page_first", io_backend="kernel", sidecar_draft=True)
     try:
         be = st.backend
-        assert set(be.kinds) == {"kv", "indexer", "draft", "draft_indexer"}
+        assert set(be.plan.pools) == {"kv", "indexer", "draft", "draft_indexer"}
         tokens = _tokens(41, 3)
         want = _write(st, tokens, seed=9)
-        assert be.l3_stats()["backend"]["set_pages"] == 12  # 3 pages x (KV, indexer, draft KV, draft indexer)
+        assert be.l3_stats()["store"]["spill_accepted"] == 12  # 3 pages x (KV, indexer, draft KV, draft indexer)
         _drop_l2(st, tokens)
         _clear_device(st)
         assert st.prefetch(tokens, "sidecar") == len(tokens)
         assert _same(st.snapshot_device(st.load_back(tokens)), want)  # draft bytes included
-        assert be.l3_stats()["backend"]["get_hits"] == 12
+        assert be.l3_stats()["store"]["reload_hits"] == 12
     finally:
         st.close()
     st2 = _stack(cfg, layout="page_first", io_backend="kernel", sidecar_draft=True)  # restart: load

@@ -12,7 +12,7 @@ from .conftest import write_config
                         "load-back restores every KV and indexer byte on the device")
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
 def test_pinned_host_pools_and_real_kernels_round_trip_through_l3(tmp_path, plugin, layout):
-    from sglang_glm_ext.l3.hicache.testing import stack
+    from sglang_glm_ext.l3.demo import stack
 
     spec = stack.StackSpec(layers=8, layout=layout, io_backend="kernel", device="cuda")
     sa = stack.publish_server_args(spec, storage_backend=None, extra_config='{"prefetch_threshold": 64}',

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from sglang_glm_ext.declare import PluginFlagError
-from sglang_glm_ext.l3.hicache import attach, hooks
+from sglang_glm_ext.l3.hicache import extra_config
+from sglang_glm_ext.l3 import hooks
 
 from .conftest import write_config
 
@@ -37,8 +38,8 @@ def test_cli_flags_become_sglang_dynamic_backend_and_resolve(tmp_path):
     sa = parse(l3_argv(cfg))
     assert sa.hicache_storage_backend == "dynamic"
     extra = json.loads(sa.hicache_storage_backend_extra_config)
-    assert extra["backend_name"] == attach.BACKEND_NAME and extra["interface_v1"] == 1
-    assert extra["module_path"] == attach.MODULE_PATH and extra["class_name"] == attach.CLASS_NAME
+    assert extra["backend_name"] == extra_config.BACKEND_NAME and extra["interface_v1"] == 1
+    assert extra["module_path"] == extra_config.MODULE_PATH and extra["class_name"] == extra_config.CLASS_NAME
     assert extra["l3_config"] == cfg
     sa.resolve_once()  # the translated record is SGLang's input: every resolution handler reads these values
     view = resolving_view(sa)
@@ -167,7 +168,7 @@ def test_register_never_installs_the_cpu_standins():
 def test_standins_refuse_where_a_gpu_is_visible(monkeypatch):
     import torch
 
-    from sglang_glm_ext.l3.hicache.testing import cpu_standins
+    from sglang_glm_ext.l3.demo import cpu_standins
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(cpu_standins.StandinRefused, match="CUDA device is visible"):
@@ -178,7 +179,7 @@ def test_standins_refuse_where_a_gpu_is_visible(monkeypatch):
 def test_standins_refuse_in_a_process_that_launched_a_server(monkeypatch):
     from sglang.srt.server_args import ServerArgs
 
-    from sglang_glm_ext.l3.hicache.testing import cpu_standins
+    from sglang_glm_ext.l3.demo import cpu_standins
 
     sa = ServerArgs(model_path="dummy")
     sa._launch_command = "python -m sglang.launch_server --model-path dummy"
@@ -195,14 +196,14 @@ def test_a_server_launch_is_refused_where_the_standins_are_installed():
     # A fresh process: install the stand-ins, then try to launch an Engine; the resolve hook refuses it before
     # anything starts.
     code = ("import sglang_glm_ext as p; p.register();"
-            "from sglang_glm_ext.l3.hicache.testing import cpu_standins; cpu_standins.install();"
+            "from sglang_glm_ext.l3.demo import cpu_standins; cpu_standins.install();"
             "import sglang\n"
             "try:\n    sglang.Engine(model_path='dummy')\nexcept Exception as e:\n    print('REFUSED', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert "REFUSED" in out.stdout and "stand-ins" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 
-def _mla_storage_config(tp_rank, backend_name=attach.BACKEND_NAME, is_mla=True):
+def _mla_storage_config(tp_rank, backend_name=extra_config.BACKEND_NAME, is_mla=True):
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
     return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=4, pp_rank=0, pp_size=1, attn_cp_rank=tp_rank,
@@ -284,10 +285,10 @@ def test_slabs_already_on_disk_count_as_space_held_not_needed_again(tmp_path, mo
     """The deployment's own preallocated slabs already hold their share of the budget: a restart with the same budget
     passes on a disk that has little room left, and only the part of a raised budget the slabs do not hold yet has
     to fit in the free space."""
-    from sglang_glm_ext.l3 import diskcheck
+    from sglang_glm_ext.l3.disk import space as diskcheck
     from sglang_glm_ext.l3.config import L3Config
-    from sglang_glm_ext.l3.format import Namespace, PayloadKind
-    from sglang_glm_ext.l3.store import L3Store
+    from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind
+    from sglang_glm_ext.l3.engine.store import L3Store
 
     cfg = _budget_config(tmp_path, "8MiB")
     s = L3Store.open(L3Config.load(cfg), rank=0, namespace=Namespace("m", "fp8", "page_first", 64, 0, 2, "r"),

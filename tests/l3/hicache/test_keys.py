@@ -68,7 +68,7 @@ def test_every_field_changes_the_digest(field, value):
 
 
 def test_the_deployment_is_counted_once_by_the_store_not_again_in_the_namespace():
-    from sglang_glm_ext.l3.format import Namespace
+    from sglang_glm_ext.l3.disk.format import Namespace
 
     a, b = _spec(), _spec(deployment_id="staging")
     assert a.to_namespace() == b.to_namespace()  # the namespace proper names no deployment...

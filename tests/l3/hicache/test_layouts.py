@@ -4,8 +4,8 @@ unserved layouts are refused; the payload never reaches outside the host buffer.
 import numpy as np
 import pytest
 
-from sglang_glm_ext.l3.aligned import buffer_address
-from sglang_glm_ext.l3.hicache.layouts import DECISIONS, Buffer, LayoutRefused, PoolGeometry, plan_pool
+from sglang_glm_ext.l3.disk.aligned import buffer_address
+from sglang_glm_ext.l3.hicache.pool_plans import DECISIONS, Buffer, LayoutRefused, PoolGeometry, plan_pool
 
 PS, PAGES, L, ROW = 4, 6, 3, 8
 

@@ -24,8 +24,8 @@ import json, sys
 cfg = sys.argv[1]
 import sglang_glm_ext
 sglang_glm_ext.register()
-from sglang_glm_ext.l3 import metrics
-from sglang_glm_ext.l3.hicache.testing import cpu_standins, stack
+from sglang_glm_ext.l3.hicache import metrics
+from sglang_glm_ext.l3.demo import cpu_standins, stack
 
 PS = 64
 
@@ -46,7 +46,7 @@ sa = stack.publish_server_args(spec, storage_backend=None, extra_config='{"prefe
                                plugin_values={"enable_cp_l3": True, "cp_l3_config": cfg})
 st = stack.DsaStack.build(spec, sa)
 b = st.backend
-stage("attached", kv=b.plans["kv"].page_bytes, idx=b.plans["indexer"].page_bytes,
+stage("attached", kv=b.plan.kv.page_bytes, idx=b.plan.pools["indexer"].page_bytes,
       max_inflight=b.config.max_inflight)
 tokens = list(range(1, 1 + 6 * PS))
 write(tokens, 1)

@@ -5,7 +5,7 @@ import inspect
 
 import pytest
 
-from sglang_glm_ext.l3.hicache.owners import Topology, TopologyError, WriterPlan, owner_index
+from sglang_glm_ext.l3.hicache.cp_writers import Topology, TopologyError, WriterPlan, owner_index
 
 
 def _sglang_launch(nnodes, tp_size, pp_size):

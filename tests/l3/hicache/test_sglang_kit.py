@@ -90,7 +90,7 @@ class TestL3ThroughSGLangStorageKit(L3KitFixtures, unittest.TestCase):
         backend = cons.cache_controller.storage_backend
         self.assertEqual(type(backend).__name__, "L3HiCacheStorage")
         self.assertEqual(backend.namespace.kv_dtype, "bfloat16")
-        from sglang_glm_ext.l3.store import L3Store
+        from sglang_glm_ext.l3.engine.store import L3Store
 
         # producer and consumer controllers share one store, no lock error
         shared = L3Store.find_open(backend.config, backend.rank)

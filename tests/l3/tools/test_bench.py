@@ -57,7 +57,7 @@ def test_the_engine_and_its_bench_import_without_torch_or_sglang():
     """scripts/gpu/l3_direct_ab.sh runs the bench on the GPU machine, which has torch but no SGLang (and may run it
     without either): the engine, the bench and fsck import neither."""
     code = ("import json, sys\n"
-            "import sglang_glm_ext.l3.store, sglang_glm_ext.l3.tools.bench, sglang_glm_ext.l3.tools.fsck\n"
+            "import sglang_glm_ext.l3.engine.store, sglang_glm_ext.l3.tools.bench, sglang_glm_ext.l3.tools.fsck\n"
             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'sglang'})))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -10,10 +10,10 @@ import numpy as np
 
 from sglang_glm_ext.l3.cli import add_l3_subcommands
 from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.format import HEADER_SIZE, Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.disk.format import HEADER_SIZE, Namespace, PayloadKind, slot_bytes_for
 from sglang_glm_ext.l3.tools.fsck import fsck, fsck_main
-from sglang_glm_ext.l3.index import IndexEntry, make_key
-from sglang_glm_ext.l3.store import L3Store
+from sglang_glm_ext.l3.engine.index import IndexEntry, make_key
+from sglang_glm_ext.l3.engine.store import L3Store
 
 PB = 4096 + 50
 SLOT = slot_bytes_for(PB)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..layout import PageLayout
+from ..disk.host_layout import PageLayout
 from .keys import PoolFormat
 
 __all__ = ["Buffer", "PoolGeometry", "PoolPlan", "LayoutRefused", "DECISIONS", "plan_pool", "decision"]

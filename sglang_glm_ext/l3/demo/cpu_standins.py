@@ -31,7 +31,7 @@ _MODULES = ("sglang.srt.mem_cache.pool_host.mla", "sglang.srt.mem_cache.pool_hos
 # Direct-I/O ops (tensor lists) and the MLA kernel-I/O ops (pointer tables); the copies themselves are the CPU
 # serving mode's pure core (cpu_serve/kernels.py; the one import this folder makes outside l3/, named in
 # tests/test_layering.py). MHA kernel-I/O ops are not stood in here: MHA flows here run with direct I/O.
-from ....cpu_serve import kernels as _kernels  # noqa: E402
+from ...cpu_serve import kernels as _kernels  # noqa: E402
 
 KVCACHEIO_NAMES = _kernels.MLA_KVCACHEIO_NAMES
 UNPINNED_POOLS = (

@@ -38,8 +38,8 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import lmdb
 
-from .format import HASH_BYTES, NS_DIGEST_BYTES, PayloadKind
-from .fsutil import fsync_dir, make_private_dirs
+from ..disk.format import HASH_BYTES, NS_DIGEST_BYTES, PayloadKind
+from ..disk.fsutil import fsync_dir, make_private_dirs
 
 log = logging.getLogger(__name__)
 

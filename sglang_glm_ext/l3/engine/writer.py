@@ -20,18 +20,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping
 
-from .aligned import AlignedBuffer
+from ..disk.aligned import AlignedBuffer
 from .committer import Committer
-from .config import L3Config
+from ..config import L3Config
 from .counters import Counters
-from .format import PayloadKind, seal_blob
+from ..disk.format import PayloadKind, seal_blob
 from .health import Health
 from .index import IndexEntry, KeySpace, L3Index
 from .kinds import KindState
-from .messages import (
-    AddKind, Barrier, ClearRank, ControlOp, Failure, FreePages, PendingWrite, StagedPage, Touch, WriteOutcome,
-    WriteResult, failure,
-)
+from .messages import (AddKind, Barrier, ClearRank, ControlOp, Failure, FreePages, PendingWrite, StagedPage, Touch, WriteOutcome, WriteResult, failure)
 from .reclaim import Collector
 from .staging import StagedPages
 

@@ -31,7 +31,7 @@ import threading
 
 from .aligned import AlignedBuffer, buffer_address, byte_view
 from .dio_align import BUFFERED, CONSERVATIVE, DioAlignment, probe_dio_alignment
-from .errors import SlabGeometryError
+from ..errors import SlabGeometryError
 from .format import BLOCK, HEADER_SIZE, round_up
 from .read_plan import ReadPlan, plan_read
 

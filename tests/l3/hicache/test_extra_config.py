@@ -6,24 +6,24 @@ import json
 
 import pytest
 
-from sglang_glm_ext.l3.hicache import attach
+from sglang_glm_ext.l3.hicache import extra_config
 
 
 def test_extra_config_names_the_backend_and_selects_zero_copy(l3_config):
-    extra = attach.extra_config(l3_config, {"prefetch_threshold": 64})
-    assert extra["backend_name"] == attach.BACKEND_NAME and extra["interface_v1"] == 1
+    extra = extra_config.build(l3_config, {"prefetch_threshold": 64})
+    assert extra["backend_name"] == extra_config.BACKEND_NAME and extra["interface_v1"] == 1
     assert extra["module_path"] == "sglang_glm_ext.l3.hicache.backend" and extra["class_name"] == "L3HiCacheStorage"
     assert extra["prefetch_threshold"] == 64 and extra["l3_config"] == l3_config
-    assert attach.parse_extra_config(json.loads(json.dumps(extra))) == extra
+    assert extra_config.parse(json.loads(json.dumps(extra))) == extra
     with pytest.raises(ValueError, match="cannot be combined"):
-        attach.extra_config(l3_config, {"file_storage_path": "/tmp"})
+        extra_config.build(l3_config, {"file_storage_path": "/tmp"})
 
 
 def test_a_config_edited_after_launch_is_refused_at_attach(l3_config):
-    extra = attach.extra_config(l3_config)
+    extra = extra_config.build(l3_config)
     with open(l3_config, "a") as f:
         f.write("\n# edited\n")
-    with pytest.raises(attach.AttachError, match="changed after launch"):
-        attach.parse_extra_config(extra)
-    with pytest.raises(attach.AttachError, match="without the plugin's extra config"):
-        attach.parse_extra_config({"backend_name": "x"})
+    with pytest.raises(extra_config.AttachError, match="changed after launch"):
+        extra_config.parse(extra)
+    with pytest.raises(extra_config.AttachError, match="without the plugin's extra config"):
+        extra_config.parse({"backend_name": "x"})

@@ -1,6 +1,6 @@
 """One attention-CP rank of a node as its own process, on a CPU, with SGLang's real HiCache stack and the L3 backend.
 
-DEMO/TEST-ONLY (installs :mod:`.cpu_standins`). ``python -m sglang_glm_ext.l3.hicache.testing.cp_ranks PLAN RANK``:
+DEMO/TEST-ONLY (installs :mod:`.cpu_standins`). ``python -m sglang_glm_ext.l3.demo.cp_ranks PLAN RANK``:
 ``PLAN`` is a JSON file (world size, gloo init file, L3 config, scenario, output directory); each rank joins a gloo
 world whose one group is both SGLang's TP group and its attention-CP group (``attn_cp_size == tp_size``: plain
 attention CP, attention TP 1), publishes that topology (``get_parallel``), and builds ``UnifiedRadixCache`` +
@@ -82,10 +82,10 @@ def _drop_l2(st, tokens):
 
 
 def _durable(st, keys) -> int:
-    from ..keys import storage_keys
+    from ..hicache.keys import storage_keys
 
     be = st.backend
-    return be.store.exists(be.kinds["kv"], storage_keys(keys), include_staged=False)
+    return be.store.exists(be.plan.kv.kind, storage_keys(keys), include_staged=False)
 
 
 def _page_keys(tokens):
@@ -102,14 +102,18 @@ def _flush_all(st, group):
 
 
 def _counts(st) -> dict:
-    c = st.backend.l3_stats()["backend"]
-    return {k: c[k] for k in ("set_pages", "set_not_owned", "set_dropped", "get_hits", "get_misses")}
+    """This rank's page counts: the store's (pages accepted / dropped by spill, reload hits and misses) and the
+    backend's own (pages another replica owns, acknowledged without a write)."""
+    s = st.backend.store.stats()
+    return {"spill_accepted": s["spill_accepted"], "not_owned": st.backend.l3_stats()["backend"]["set_not_owned"],
+            "dropped": s["dropped_staging"] + s["dropped_pool_full"] + s["dropped_bad_input"],
+            "reload_hits": s["reload_hits"], "reload_misses": s["reload_misses"]}
 
 
 def scenario_hits(plan, rank, group, out):
     import torch.distributed as dist
 
-    from ..owners import owner_index
+    from ..hicache.cp_writers import owner_index
 
     st = _stack(plan, rank, group)
     try:
@@ -139,10 +143,10 @@ def scenario_hits(plan, rank, group, out):
                                           w[: out["loaded_lag"] // PS] for w in want])
 
         # fail: rank 1's disk refuses every write; its pages are misses for all, the rest of the prefix hits.
-        from ...disk import fail_write
+        from ..disk.slab import fail_write
 
         if rank == 1:
-            for kind in be.kinds.values():
+            for kind in (r.kind for r in be.plan.pools.values()):
                 be.store.slab(kind).inject_write_fault(fail_write())
         writers = be.writers.writers
 
@@ -212,7 +216,7 @@ def scenario_crash_write(plan, rank, group, out):
             raise TimeoutError("the victim was never killed")
         time.sleep(0.05)
     acked = [ln.strip() for ln in open(os.path.join(outdir, "acked.txt")) if len(ln.strip()) == 64]
-    from ..keys import storage_keys
+    from ..hicache.keys import storage_keys
 
     kind = be.kinds["kv"]
     out["victim_acked"] = len(acked)
@@ -224,7 +228,7 @@ def scenario_crash_write(plan, rank, group, out):
 
 
 def scenario_crash_reload(plan, rank, group, out):
-    from ..keys import storage_keys
+    from ..hicache.keys import storage_keys
 
     st = _stack(plan, rank, group)
     try:
@@ -232,7 +236,7 @@ def scenario_crash_reload(plan, rank, group, out):
         out["cold_start_loaded_pages"] = be.store.stats()["cold_start_loaded_pages"]
         acked = [ln.strip() for ln in open(os.path.join(plan["acked_dir"], "acked.txt")) if len(ln.strip()) == 64]
         out["victim_acked"] = len(acked)
-        out["victim_acked_seen"] = (be.store.exists(be.kinds["kv"], storage_keys(acked), include_staged=False)
+        out["victim_acked_seen"] = (be.store.exists(be.plan.kv.kind, storage_keys(acked), include_staged=False)
                                     if acked else 0)
         t1 = _tokens(1, plan.get("pages", 8))
         out["loaded"] = st.prefetch(t1, "after-restart")

@@ -21,8 +21,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, NamedTuple, Union
 
-from .aligned import AlignedBuffer
-from .format import PayloadKind
+from ..disk.aligned import AlignedBuffer
+from ..disk.format import PayloadKind
 from .index import IndexEntry
 
 if TYPE_CHECKING:

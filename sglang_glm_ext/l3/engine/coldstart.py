@@ -48,8 +48,8 @@ from typing import Collection, Mapping
 
 import numpy as np
 
-from .errors import L3StoreError
-from .format import FORMAT_VERSION, PayloadKind
+from ..errors import L3StoreError
+from ..disk.format import FORMAT_VERSION, PayloadKind
 from .index import IndexEntry, KeySpace, L3Index, namespace_and_kind
 from .kinds import KindState
 

@@ -16,7 +16,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .format import PayloadKind
+from ..disk.format import PayloadKind
 from .slot_pool import SlotPool
 
 __all__ = ["KindState", "PageLRU", "RetiredSlab", "HEAP_SLACK"]

@@ -7,7 +7,7 @@ prefetch from L3 -> load-back, then a restart (``cold_start = "load"``) and the 
 Every phase checks the KV and indexer bytes against what was written and prints hits, pages and GB/s.
 
 Embedded defaults: a temporary directory with the L3 slabs and the embedded LMDB index (removed afterwards unless
-``--keep``). It runs on the CPU stand-ins for SGLang's GPU copy ops (``testing/cpu_standins.py``), which refuse
+``--keep``). It runs on the CPU stand-ins for SGLang's GPU copy ops (``demo/cpu_standins.py``), which refuse
 where a GPU is visible: on a GPU node, run a real server instead. Exit status 0 only if every byte matched.
 """
 
@@ -69,7 +69,7 @@ def _same(a, b) -> bool:
 def run_demo(args: argparse.Namespace, register) -> int:
     """Run the demo; ``register`` is the plugin's ``register()`` (plugin/cli.py passes it: a feature folder does not
     import the plugin machinery). Exit status: 0 every byte matched, 1 a check failed, 2 not run here."""
-    from .testing import cpu_standins
+    from . import cpu_standins
 
     why = cpu_standins.refusal_reason()
     if why:
@@ -111,7 +111,7 @@ def _run(args, work: str, register) -> int:
     if ledger is None:
         print("the plugin is disabled (SGLANG_GLM_EXT_DISABLE=1)", file=sys.stderr)
         return 2
-    from .testing import cpu_standins, stack
+    from . import cpu_standins, stack
 
     cpu_standins.install()
     io = "direct" if args.layout == "page_first_direct" else "kernel"
@@ -124,10 +124,10 @@ def _run(args, work: str, register) -> int:
                                    plugin_values=values)
     st = stack.DsaStack.build(spec, sa)
     be = st.backend
-    kv_pb, idx_pb = be.plans["kv"].page_bytes, be.plans["indexer"].page_bytes
+    kv_pb, idx_pb = be.plan.kv.page_bytes, be.plan.pools["indexer"].page_bytes
     print(f"  SGLang {type(st.controller).__name__} + {type(be).__name__} via hicache_storage_backend="
           f"{sa.hicache_storage_backend!r}; host pools: "
-          + ", ".join(f"{n}={type(p).__name__}/{be.plans[n].fmt.layout}" for n, p in be.pools.items()))
+          + ", ".join(f"{n}={type(p).__name__}/{be.plan.pools[n].plan.fmt.layout}" for n, p in be.pools.items()))
     print(f"  model: {spec.layers} layers, page {spec.page_size} tokens: KV page {kv_pb:,} B + indexer page "
           f"{idx_pb:,} B; namespace {be.namespace.describe()['digest'][:16]} (kv dtype {be.namespace.kv_dtype}); "
           f"setup {time.perf_counter() - t_import:.1f}s")
@@ -147,7 +147,7 @@ def _run(args, work: str, register) -> int:
         t = time.perf_counter()
         st.write_back_storage(tokens)
         in_sglang += time.perf_counter() - t
-        bar.update(i + 1, f"{be.l3_stats()['backend']['set_pages']} pages accepted, "
+        bar.update(i + 1, f"{be.store.stats()['spill_accepted']} pages accepted, "
                           f"{_gbps((i + 1) * args.pages * page_pair, in_sglang)}")
     t = time.perf_counter()
     be.store.flush()
@@ -205,9 +205,9 @@ def _run(args, work: str, register) -> int:
         stats = st2.backend.l3_stats()
     finally:
         st2.close()
-    b = stats["backend"]
-    print(f"  backend after restart: {b['get_hits']} page reads hit, {b['get_misses']} missed, errors {b['errors']}, "
-          f"verify failures {stats['store']['verify_failures']}")
+    b, s = stats["backend"], stats["store"]
+    print(f"  after restart: {s['reload_hits']} page reads hit, {s['reload_misses']} missed, backend errors "
+          f"{b['errors']}, verify failures {s['verify_failures']}")
     if failures:
         print("FAILED:\n  - " + "\n  - ".join(failures))
         return 1

@@ -38,10 +38,11 @@ import errno
 import fcntl
 import os
 import stat
+import time
 from typing import Callable
 
 from .aligned import AlignedBuffer, buffer_address, byte_view
-from .errors import DirectIOUnavailable, SlabError, SlabGeometryError, SlabLockedError
+from ..errors import DirectIOUnavailable, SlabError, SlabGeometryError, SlabLockedError
 from .format import BLOCK
 from .fsutil import fsync_dir, make_private_dirs
 from .plp import PlpReport, PlpRequiredError, check_plp, probe_plp  # noqa: F401  (re-exported for the store)
@@ -49,7 +50,7 @@ from .slab_reader import SlabReader
 
 __all__ = [
     "DiskSlab", "SlabError", "SlabLockedError", "SlabGeometryError", "DirectIOUnavailable",
-    "fail_write", "torn_write", "short_write", "probe_plp", "check_plp", "PlpReport", "PlpRequiredError",
+    "fail_write", "torn_write", "short_write", "slow_write", "probe_plp", "check_plp", "PlpReport", "PlpRequiredError",
 ]
 
 PWrite = Callable[[int, memoryview, int], int]
@@ -387,6 +388,16 @@ def torn_write(keep_bytes: int, *, report: str = "error") -> PWrite:
         if report == "error":
             raise OSError(errno.EIO, f"injected torn write after {keep} B")
         return len(data)
+
+    return pwrite
+
+
+def slow_write(delay_s: float) -> PWrite:
+    """A pwrite that sleeps ``delay_s`` before each transfer: a slow disk (SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS)."""
+
+    def pwrite(fd, data, offset):
+        time.sleep(delay_s)
+        return os.pwrite(fd, data, offset)
 
     return pwrite
 

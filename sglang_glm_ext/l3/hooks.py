@@ -1,7 +1,7 @@
 """Thin hooks that put the L3 backend into SGLang's own storage mechanism (declared in ``l3/patches.py``).
 
 ``l3.translate_flags`` (BEFORE ``ServerArgs.resolve_once``): ``--enable-cp-l3 --cp-l3-config PATH`` becomes
-``hicache_storage_backend="dynamic"`` + ``hicache_storage_backend_extra_config`` (``attach.extra_config``) on the
+``hicache_storage_backend="dynamic"`` + ``hicache_storage_backend_extra_config`` (``extra_config.extra_config``) on the
 record before SGLang resolves it, so SGLang's own checks run on the result (among them its refusal of storage
 with ``--enable-kv-cache-sharding``). A registered backend name is not possible in 0.5.23 (the factory's
 registered-name path ends in "Unknown built-in backend" and the CLI restricts the choices). Every way a record
@@ -27,60 +27,24 @@ the pages it owns (``owners.WriterPlan``), acknowledging the others as the owner
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 
-from ...declare import PluginFlagError, carried_values
-from ..feature import CP_L3_CONFIG, ENABLE_CP_L3
-from . import attach
+from ..declare import PluginFlagError, carried_values
+from .feature import CP_L3_CONFIG, ENABLE_CP_L3, check_config
+from .hicache import extra_config
 
 __all__ = ["translate", "hook_resolve_once", "hook_from_cli_args", "hook_storage_config", "hook_cp_writers",
            "server_launched", "TRANSLATED_ATTR", "ALL_REPLICAS_WRITE_ATTR"]
 
 TRANSLATED_ATTR = "_glm_ext_l3"  # bookkeeping on the record (pickled to schedulers): what the plugin set
 _LAUNCHED = False
-ALL_REPLICAS_WRITE_ATTR = attach.ALL_REPLICAS_WRITE_ATTR
+ALL_REPLICAS_WRITE_ATTR = extra_config.ALL_REPLICAS_WRITE_ATTR
 
 
 def server_launched() -> bool:
     """Whether a server/Engine launch was resolved in this process (the CPU stand-ins refuse to install then)."""
     return _LAUNCHED
-
-
-def check_l3_config(path: str):
-    """Load the config and check what serving will need from the disks. PluginFlagError names the problem."""
-    from ..config import L3Config, L3ConfigError
-    from ..diskcheck import budget_fit, nearest_dir
-    from ..plp import PlpRequiredError, check_plp, probe_plp
-
-    if not path:
-        raise PluginFlagError("--enable-cp-l3 needs --cp-l3-config PATH (write one: sglang-glm-ext l3 example-config)")
-    if not os.path.isfile(path):
-        raise PluginFlagError(f"--cp-l3-config {path!r}: no such file")
-    try:
-        cfg = L3Config.load(path)
-    except (L3ConfigError, OSError) as exc:
-        raise PluginFlagError(f"--cp-l3-config {path}: {exc}") from exc
-    for what, p in [*((f"disks[{i}].path", d.path) for i, d in enumerate(cfg.disks)), ("index.path", cfg.index_path)]:
-        if os.path.exists(p) and not os.path.isdir(p):
-            raise PluginFlagError(f"--cp-l3-config {path}: {what} {p!r} exists and is not a directory")
-        base = nearest_dir(p)
-        if not os.access(base, os.W_OK | os.X_OK):
-            raise PluginFlagError(f"--cp-l3-config {path}: {what} {p!r} is not writable by this user "
-                                  f"({base} is not writable)")
-    # The budget against the free space, before the model loads (the store would only find out at attach, when it
-    # preallocates); the same computation doctor reports. The deployment's existing slabs count as space held.
-    for row in budget_fit(cfg, path):
-        if row["problem"]:
-            raise PluginFlagError(row["problem"])
-    if cfg.require_plp:
-        for i, d in enumerate(cfg.disks):
-            try:
-                check_plp(probe_plp(nearest_dir(d.path), plp=cfg.plp, latency_probe=False), True)
-            except PlpRequiredError as exc:
-                raise PluginFlagError(f"--cp-l3-config {path}: disks[{i}]: {exc}") from exc
-    return cfg
 
 
 def _user_extra(raw: Any) -> dict:
@@ -90,7 +54,7 @@ def _user_extra(raw: Any) -> dict:
         return dict(raw)
     if isinstance(raw, str) and raw.startswith("@"):
         raise PluginFlagError("--hicache-storage-backend-extra-config @FILE cannot be combined with --enable-cp-l3; "
-                              f"pass SGLang's keys inline as JSON ({', '.join(attach.SGLANG_CONTROLLER_KEYS)})")
+                              f"pass SGLang's keys inline as JSON ({', '.join(extra_config.SGLANG_CONTROLLER_KEYS)})")
     try:
         val = json.loads(raw)
     except (TypeError, ValueError) as exc:
@@ -132,9 +96,9 @@ def translate(server_args) -> bool:
     if getattr(server_args, "hicache_host_memory_mode", "cache") != "cache":
         raise PluginFlagError("--enable-cp-l3 needs --hicache-host-memory-mode cache (buffer_only is not served)")
     path = CP_L3_CONFIG.value_in(values)
-    cfg = check_l3_config(path)
+    cfg = check_config(path)
     try:
-        extra = attach.extra_config(path,
+        extra = extra_config.build(path,
                                     _user_extra(getattr(server_args, "hicache_storage_backend_extra_config", None)))
     except ValueError as exc:
         raise PluginFlagError(str(exc)) from exc
@@ -150,7 +114,7 @@ def hook_resolve_once(self, *args, **kwargs):
     """BEFORE ServerArgs.resolve_once: translate the L3 flags while the record is still the operator's input."""
     global _LAUNCHED
     if getattr(self, "_launch_command", None):
-        standins = sys.modules.get("sglang_glm_ext.l3.hicache.testing.cpu_standins")
+        standins = sys.modules.get("sglang_glm_ext.l3.demo.cpu_standins")
         if standins is not None and standins.installed():
             raise PluginFlagError("sglang-glm-ext: the CPU demo/test stand-ins for SGLang's GPU copy ops are "
                                   "installed in this process; a server must not run on them")
@@ -172,7 +136,7 @@ def hook_from_cli_args(server_args, cls, ns, *args, **kwargs):
 def hook_storage_config(result, self, *args, **kwargs):
     """AFTER HiCacheController._generate_storage_config: give the plugin's backend the logical KV dtype."""
     extra = getattr(result, "extra_config", None)
-    if isinstance(extra, dict) and extra.get("backend_name") == attach.BACKEND_NAME:
+    if isinstance(extra, dict) and extra.get("backend_name") == extra_config.BACKEND_NAME:
         dev = getattr(self, "mem_pool_device", None)
         dtype = getattr(dev, "dtype", None)
         if dtype is not None:
@@ -204,7 +168,7 @@ def hook_cp_writers(result, self, *args, **kwargs):
     import dataclasses
 
     extra = getattr(result, "extra_config", None)
-    if not (isinstance(extra, dict) and extra.get("backend_name") == attach.BACKEND_NAME):
+    if not (isinstance(extra, dict) and extra.get("backend_name") == extra_config.BACKEND_NAME):
         return result
     if not getattr(result, "is_mla_model", False) or getattr(result, "dcp_size", 1) != 1:
         return result  # MHA: every rank writes already; DCP: not served (the backend refuses it)

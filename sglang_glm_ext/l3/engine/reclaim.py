@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 from typing import Mapping
 
-from .config import L3Config
+from ..config import L3Config
 from .counters import Counters
-from .format import PayloadKind
+from ..disk.format import PayloadKind
 from .health import Health
 from .index import IndexEntry, L3Index, split_key
 from .kinds import KindState

@@ -19,8 +19,8 @@ import threading
 import time
 from typing import Mapping
 
-from .aligned import AlignedBuffer
-from .format import PayloadKind
+from ..disk.aligned import AlignedBuffer
+from ..disk.format import PayloadKind
 from .messages import Admission, StagedPage
 
 __all__ = ["StagingPool", "StagedPages"]

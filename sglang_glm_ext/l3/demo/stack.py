@@ -68,8 +68,8 @@ def publish_server_args(spec: StackSpec, *, storage_backend: str | None, extra_c
     if plugin_values:
         # What the plugin's flag hooks do for a launch: the L3 flags checked by the feature's own validate, then
         # carried on the record (flags of other features keep their defaults).
-        from ....declare import CARRIER_ATTR
-        from ...feature import FEATURE
+        from ...declare import CARRIER_ATTR
+        from ..feature import FEATURE
 
         values = {f.name: f.default for f in FEATURE.flags}
         values.update(plugin_values)

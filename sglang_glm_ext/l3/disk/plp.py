@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from .diskcheck import nearest_dir
+from .space import nearest_dir
 
 PLP_MODES = ("auto", "assume_safe", "assume_unsafe")
 

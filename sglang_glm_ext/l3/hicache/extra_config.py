@@ -1,5 +1,5 @@
-"""The extra config SGLang's ``dynamic`` factory hands the backend (:func:`extra_config` writes it at launch,
-:func:`parse_extra_config` checks it at attach), and the backend's attach error. Pure: no SGLang.
+"""The extra config SGLang's ``dynamic`` factory hands the backend (:func:`build` writes it at launch,
+:func:`parse` checks it at attach), and the backend's attach error. Pure: no SGLang.
 
 What SGLang expects of a backend beyond that lives in the store now: a page is visible to ``exists`` / ``get`` as
 soon as ``batch_set`` returns (``L3Store`` serves staged pages), and one store per (config, rank) per process is
@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 __all__ = ["BACKEND_NAME", "MODULE_PATH", "CLASS_NAME", "SGLANG_CONTROLLER_KEYS", "ALL_REPLICAS_WRITE_ATTR",
-           "extra_config", "parse_extra_config", "config_digest", "AttachError", "dump_json"]
+           "build", "parse", "config_digest", "AttachError", "dump_json"]
 
 BACKEND_NAME = "sglang_glm_ext.l3"
 MODULE_PATH = "sglang_glm_ext.l3.hicache.backend"
@@ -36,7 +36,7 @@ def config_digest(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
-def extra_config(config_path: str, user_extra: dict | None = None) -> dict:
+def build(config_path: str, user_extra: dict | None = None) -> dict:
     """The ``--hicache-storage-backend-extra-config`` object that makes SGLang's ``dynamic`` factory build the
     L3 backend, with zero-copy v1 I/O (``interface_v1``). ``user_extra`` may carry SGLang's own controller keys."""
     path = os.path.abspath(config_path)
@@ -57,7 +57,7 @@ def extra_config(config_path: str, user_extra: dict | None = None) -> dict:
     return out
 
 
-def parse_extra_config(extra: dict | None) -> dict:
+def parse(extra: dict | None) -> dict:
     """Check the extra config the backend was built with; returns it. AttachError names what is wrong."""
     if not isinstance(extra, dict) or extra.get("backend_name") != BACKEND_NAME:
         raise AttachError("the L3 backend was built without the plugin's extra config; launch with "

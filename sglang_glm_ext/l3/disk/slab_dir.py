@@ -19,8 +19,8 @@ import json
 import os
 import re
 
-from .config import L3Config
-from .errors import L3StoreError
+from ..config import L3Config
+from ..errors import L3StoreError
 from .format import PayloadKind
 from .fsutil import fsync_dir
 

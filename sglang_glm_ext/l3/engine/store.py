@@ -47,20 +47,20 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import coldstart, slab_set
-from .aligned import page_array
-from .config import COLD_START_MODES, L3Config, L3ConfigError
+from ..disk.aligned import page_array
+from ..config import COLD_START_MODES, L3Config, L3ConfigError
 from .counters import Counters
-from .disk import check_plp, probe_plp
-from .errors import L3OwnerLockedError, L3StoreError
-from .format import PAYLOAD_OFFSET, BlobCheck, Namespace, PayloadKind, key_to_bytes, slot_bytes_for
-from .fsutil import make_private_dirs
-from .index import KeySpace, L3Index, deployment_tag, now_us
+from ..disk.slab import check_plp, probe_plp, slow_write
+from ..errors import L3OwnerLockedError, L3StoreError
+from ..disk.format import PAYLOAD_OFFSET, Namespace, PayloadKind, key_to_bytes, slot_bytes_for
+from ..disk.fsutil import make_private_dirs
+from .index import KeySpace, L3Index, deployment_tag
 from .kinds import KindState
-from .messages import AddKind, Admission, ClearRank, Completion, FreePages, ReloadMiss, Touch
-from .owner import OwnerLock, OwnerLockHeld
-from .reload import SlabReads, blames_entry
-from .slab_dir import read_slab_meta, slab_path  # noqa: F401 - re-exported for callers of the store
-from .slab_reader import SlabReader
+from .messages import AddKind, Admission, ClearRank, Completion, FreePages
+from ..disk.owner_lock import OwnerLock, OwnerLockHeld
+from .reload import Reloader, content_hashes, layout_mismatch
+from ..disk.slab_dir import read_slab_meta, slab_path  # noqa: F401 - re-exported for callers of the store
+from ..disk.slab_reader import SlabReader
 from .staging import StagedPages, StagingPool
 from .writer import Writer
 
@@ -71,26 +71,6 @@ __all__ = ["L3Store", "SharedStore", "L3StoreError", "L3OwnerLockedError", "Read
 
 # Kept importable from here for callers written against the single-file store; their homes are in the imports.
 ReadOnlySlab = SlabReader
-
-
-def _content_hashes(keys: list) -> list["bytes | None"]:
-    """Each page key as its 32 raw bytes, or None for a key that is not one (it costs only its own page)."""
-    out: list[bytes | None] = []
-    for k in keys:
-        try:
-            out.append(key_to_bytes(k))
-        except ValueError:
-            out.append(None)
-    return out
-
-
-def _per_page(seq, n: int) -> list:
-    """``seq`` as a list of exactly ``n`` items, None-padded (a short or missing list costs only its missing pages)."""
-    try:
-        items = list(seq) if seq is not None else []
-    except TypeError:
-        items = []
-    return (items + [None] * n)[:n]
 
 
 def _parse_kinds(page_bytes: Mapping[PayloadKind | str, int]) -> dict[PayloadKind, int]:
@@ -136,13 +116,11 @@ class SharedStore:
         self.disk = config.disk_for_rank(rank)
         self.cold_start = mode
         self.c = Counters()
-        self.reload_inflight = 0
-        self._reload_lock = threading.Lock()
         self._closed = False
         self._warned: set[str] = set()
         self._keys = KeySpace(self.dep, self.ns)
         self._kinds: dict[PayloadKind, KindState] = {}
-        self._reads: SlabReads | None = None
+        self._reloader: Reloader | None = None
         self._add_lock = threading.Lock()
         self.index: L3Index | None = None
         self._owner: OwnerLock | None = None
@@ -217,7 +195,9 @@ class SharedStore:
         self._staging = StagingPool(config.staging_bytes, slot_bytes)
         self._staged = StagedPages(self._staging, max_inflight=config.max_inflight,
                                    batch_pages=config.write_batch_pages)
-        self._reads = SlabReads(config, rank, self._kinds, self.ns)
+        self._reloader = Reloader(config, rank, self._kinds, self.ns, index=self.index, keys=self._keys,
+                                  staged=self._staged, counters=self.c, warn_once=self._warn_once,
+                                  note_reloads=lambda *a: self._writer.note_reloads(*a))
         self._writer = Writer(config, rank=rank, disk=self.disk, keys=self._keys, index=self.index,
                               kinds=self._kinds, staged=self._staged, counters=self.c)
         self._writer.start()
@@ -226,8 +206,14 @@ class SharedStore:
                    num_slots: int) -> "tuple[KindState, dict | None]":
         """This rank's slab of one kind and the slabs of other slot sizes beside it (slab_set.py), and the slab's
         sidecar as the previous owner left it (a ``load`` keeps a slab's entries only if it vouches for them)."""
-        return slab_set.open_kind(self.config, rank=self.rank, disk=self.disk, kind=kind, page_bytes=page_bytes,
-                                  slot_bytes=slot_bytes, num_slots=num_slots, ns_digest=self.ns, seq=self._seq)
+        state, prior = slab_set.open_kind(self.config, rank=self.rank, disk=self.disk, kind=kind,
+                                          page_bytes=page_bytes, slot_bytes=slot_bytes, num_slots=num_slots,
+                                          ns_digest=self.ns, seq=self._seq)
+        if self.config.test_write_delay_ms:
+            log.warning("L3 rank %d %s: TEST-ONLY slow disk, every slab write sleeps %d ms "
+                        "(SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS)", self.rank, kind.label, self.config.test_write_delay_ms)
+            state.slab.inject_write_fault(slow_write(self.config.test_write_delay_ms / 1000.0))
+        return state, prior
 
     def add_kind(self, kind, page_bytes: int, timeout: float = 30.0) -> None:
         """Serve one more payload kind from now on (SGLang registers sidecar draft host pools after the storage
@@ -261,7 +247,7 @@ class SharedStore:
                                                   prior).loaded_pages
                 slab_set.settle(state, punch=True)  # (under clear the open already deleted the rank's entries)
                 self._staging.add_kind(kind, sb)
-                self._reads.add_kind(kind, sb)
+                self._reloader.add_kind(kind, sb)
                 done = Completion()
                 self._writer.post(AddKind(state, done))
                 if not done.wait(timeout) or not done.ok:
@@ -304,7 +290,7 @@ class SharedStore:
         the ones that are not yet: under CP, ``ack = "durable"`` of pages another rank owns and writes."""
         try:
             kind = PayloadKind.parse(kind)
-            ikeys = [self._ikey(kind, h) if h is not None else None for h in _content_hashes(list(keys))]
+            ikeys = [self._ikey(kind, h) if h is not None else None for h in content_hashes(list(keys))]
             deadline = time.monotonic() + max(0.0, timeout)
             while True:
                 got = [e is not None for e in self.index.get_many(ikeys)]
@@ -329,7 +315,7 @@ class SharedStore:
             if self._closed:
                 return out
             # Plan: keys, what is durable already (one index read), and how a page reaches its staging buffer.
-            hashes = _content_hashes(keys)
+            hashes = content_hashes(keys)
             ikeys = [self._ikey(kind, h) if h is not None else None for h in hashes]
             present = iter(self.index.get_many([k for k in ikeys if k is not None]))
             durable = [next(present) is not None if k is not None else False for k in ikeys]
@@ -347,7 +333,7 @@ class SharedStore:
                         raise ValueError(f"page {i} has {src.nbytes} B, expected {pb}")
                     np.copyto(dst[PAYLOAD_OFFSET:PAYLOAD_OFFSET + pb], src)
             else:
-                refused = _layout_mismatch(st, layout)
+                refused = layout_mismatch(st, layout)
                 if refused:
                     # Every page of the call is bad input: a smaller layout would leave stale staging bytes inside
                     # the sealed payload (a wrong page made durable), a larger one would not fit the slot.
@@ -476,140 +462,13 @@ class SharedStore:
         too small) is a miss counted in ``reload_bad_dst`` and is left untouched. On any other False the page's
         own bytes (``dsts[i][:page_bytes]``) may have been overwritten -- the read lands in place and is verified
         there (reload.py) -- and nothing outside them is touched: treat the page as not loaded."""
-        return self._reload(kind, keys, dsts, None, None)
+        return self._reloader.reload(kind, keys, dsts=dsts)
 
     def reload_into_layout(self, kind, keys: Sequence, layout, page_indices: Sequence[int]) -> list[bool]:
         """Like :meth:`reload_into`, into page ``page_indices[i]`` of a host layout, each slice where it lives (a
         vectored O_DIRECT read into the layer chunks). On False that page's slices may have been overwritten;
         other pages and bytes between the slices are never touched."""
-        return self._reload(kind, keys, None, layout, page_indices)
-
-    def _reload(self, kind, keys, dsts, layout, page_indices) -> list[bool]:
-        # Pages inside a reload call right now (stats "reload_inflight"), under a lock: a lost += of a bare int
-        # under a thread race would leave this gauge off for good (the counters tolerate a lost add; it does not).
-        try:
-            keys = list(keys)
-        except TypeError:
-            pass  # the call below turns it into a counted failure
-        n = len(keys) if isinstance(keys, list) else 0
-        with self._reload_lock:
-            self.reload_inflight += n
-        try:
-            return self._reload_pages(kind, keys, dsts, layout, page_indices)
-        finally:
-            with self._reload_lock:
-                self.reload_inflight -= n
-
-    def _reload_pages(self, kind, keys, dsts, layout, page_indices) -> list[bool]:
-        out: list[bool] = []
-        try:
-            keys = list(keys)
-            n = len(keys)
-            out = [False] * n
-            kind = PayloadKind.parse(kind)
-            st = self._kinds[kind]
-            # Plan: keys, entries (one read txn), and where each found page lands. Each page stands alone: a
-            # malformed key, a missing destination or page index costs its own page. A destination that cannot
-            # take its page in place is the caller's problem, not the page's: a miss before any I/O, no reclaim.
-            hashes = _content_hashes(keys)
-            ikeys = [self._ikey(kind, h) if h is not None else None for h in hashes]
-            targets = _per_page(dsts if layout is None else page_indices, n)
-            # A page still in staging is served from its buffer (reader references, given back below); staged
-            # first, then the index, as in exists().
-            layout_refused = _layout_mismatch(st, layout) if layout is not None else ""
-            borrowed = self._staged.borrow(kind, hashes)
-            try:
-                entries = self.index.get_many([ik if borrowed[i] is None else None for i, ik in enumerate(ikeys)])
-                jobs: list[tuple[int, Any]] = []
-                for i in range(n):
-                    if entries[i] is None and borrowed[i] is None:
-                        continue
-                    # One check of the destination against the kind, before any byte moves, whether the page
-                    # would come from staging or from the slab.
-                    where, refused = (self._destination(st, targets[i]) if layout is None
-                                      else (None, layout_refused) if layout_refused
-                                      else self._page_index(layout, targets[i]))
-                    if refused is None:
-                        jobs.append((i, where))
-                    else:
-                        self.c.reload_bad_dst += 1
-                        self._warn_once("bad_dst", "L3 reload: destination refused (%s); the page is a miss", refused)
-
-                def run(job):
-                    i, where = job
-                    try:
-                        if borrowed[i] is not None:
-                            return self._copy_staged(st, borrowed[i], where, layout)
-                        if layout is None:
-                            return self._reload_one(st, hashes[i], entries[i], where, None, None)
-                        return self._reload_one(st, hashes[i], entries[i], None, layout, where)
-                    except Exception:  # EIO on read, ... -> miss
-                        return False, ReloadMiss.ERROR
-
-                # Run.
-                results = self._reads.run_all(run, jobs)
-            finally:
-                self._staged.give_back(borrowed)
-            ts = now_us()
-            touched, bad = [], []
-            for (i, _), (ok, why) in zip(jobs, results):
-                if ok and borrowed[i] is not None:
-                    out[i] = True
-                    self.c.reload_from_staging += 1
-                elif ok:
-                    out[i] = True
-                    touched.append((ikeys[i], Touch(entries[i], ts)))
-                elif why is ReloadMiss.ERROR:
-                    self.c.data_path_errors += 1
-                elif why is ReloadMiss.BAD_DST:
-                    self.c.reload_bad_dst += 1
-                elif blames_entry(why):
-                    # The entry points at bytes that are not this page: reclaim it (conditionally) via the writer.
-                    self.c.verify_failures += 1
-                    bad.append((ikeys[i], entries[i]))
-            hits = sum(out)
-            self.c.reload_hits += hits
-            self.c.reload_misses += n - hits
-            self.c.reload_bytes += hits * st.page_bytes
-            self._writer.note_reloads(kind, touched, bad)
-        except Exception:
-            log.exception("L3 reload failed; pages are misses")
-            self.c.data_path_errors += 1
-        return out
-
-    @staticmethod
-    def _destination(st: KindState, dst) -> "tuple[np.ndarray | None, str | None]":
-        try:
-            d = page_array(dst, writable=True)
-        except (TypeError, ValueError) as ex:
-            return None, str(ex)
-        if d.nbytes < st.page_bytes:
-            return None, f"{d.nbytes} B is smaller than the {st.page_bytes} B page"
-        return d, None
-
-    @staticmethod
-    def _page_index(layout, pidx) -> "tuple[int | None, str | None]":
-        if isinstance(pidx, bool) or not isinstance(pidx, (int, np.integer)) or not 0 <= pidx < layout.num_pages:
-            return None, f"page index {pidx!r} outside the layout's {layout.num_pages} pages"
-        return int(pidx), None
-
-    def _reload_one(self, st: KindState, content_hash: bytes, e, dst, layout, pidx) -> tuple[bool, Any]:
-        """Read one page straight into a destination the plan accepted (a flat uint8 array, or a layout and page
-        index) and verify it there. Returns (True, OK) or (False, why: a ``BlobCheck`` or ``ReloadMiss``)."""
-        if layout is None:
-            return self._reads.read_into(st, content_hash, e, dst)
-        return self._reads.read_into_layout(st, content_hash, e, layout, pidx)
-
-    @staticmethod
-    def _copy_staged(st: KindState, page, dst, layout) -> tuple[bool, Any]:
-        """Deliver a staged page (the caller holds a reader reference) from its staging buffer's payload. No verify:
-        these bytes never left memory."""
-        if layout is None:
-            np.copyto(dst[:st.page_bytes], np.frombuffer(page.buf.view, dtype=np.uint8, count=st.page_bytes,
-                                                         offset=PAYLOAD_OFFSET))
-        else:
-            layout.scatter_from(dst, page.buf.view, PAYLOAD_OFFSET)
-        return True, BlobCheck.OK
+        return self._reloader.reload(kind, keys, layout=layout, page_indices=page_indices)
 
     def _warn_once(self, what: str, msg: str, *args) -> None:
         """Caller bugs on the data path are counted every time and logged once per store (no log flood)."""
@@ -624,7 +483,7 @@ class SharedStore:
         the writer has deleted its entry: a page spilled again after ``free`` is staged and written anew."""
         try:
             kind = PayloadKind.parse(kind)
-            hashes = [h for h in _content_hashes(list(keys)) if h is not None]
+            hashes = [h for h in content_hashes(list(keys)) if h is not None]
             with self._staged.cond:
                 self._staged.note_free(kind, hashes)  # before the post: the writer's free_done follows it
             self._writer.post(FreePages(kind, tuple(self._ikey(kind, h) for h in hashes), tuple(hashes)))
@@ -688,7 +547,7 @@ class SharedStore:
             "cold_start_other_namespace_pages": self.other_namespace_pages,  # kept by `load`, of other models
             "inflight": inflight,
             "max_inflight": self.config.max_inflight,
-            "reload_inflight": self.reload_inflight,
+            "reload_inflight": self._reloader.inflight,
             "write_queue_depth": qdepth,
             **self._writer.stats(),
             # Acknowledged by spill (write-behind) and not yet durable: what a crash right now would lose (issue 20,
@@ -716,15 +575,15 @@ class SharedStore:
             self._closed = True
             self._staged.cond.notify_all()  # a spill waiting for room gives up now
         self._writer.stop(timeout)
-        self._reads.shutdown()
+        self._reloader.shutdown()
         self._staging.close()
         self._close_files()
 
     def _close_files(self) -> None:
         for st in self._kinds.values():
             slab_set.close_kind(st)
-        if self._reads is not None:
-            self._reads.close_readers()
+        if self._reloader is not None:
+            self._reloader.close_readers()
         if self.index is not None:
             self.index.close()
             self.index = None
@@ -752,15 +611,6 @@ class SharedStore:
         if any(k in have and have[k] != n for k, n in kinds.items()):
             return f"other payload kinds (open: {_kinds_text(have)}; asked: {_kinds_text(kinds)})"
         return ""
-
-
-def _layout_mismatch(st: KindState, layout) -> str:
-    """'' when ``layout``'s pages are exactly this kind's page, else why not (spill and every reload path check it the
-    same way, before any byte moves)."""
-    have = getattr(layout, "page_bytes", None)
-    if have != st.page_bytes:
-        return f"the layout's pages are {have!r} B, {st.kind.label} pages are {st.page_bytes} B"
-    return ""
 
 
 def _kinds_text(kinds: Mapping[PayloadKind, int]) -> str:

@@ -113,9 +113,9 @@ def storage_config(config_path: str, *, kv_dtype: str | None = "float8_e4m3fn", 
     plugin's ``l3.cp_storage_writers`` hook returns it (every replica a writer)."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
-    from ..attach import extra_config
+    from ..hicache import extra_config
 
-    extra = extra_config(config_path)
+    extra = extra_config.build(config_path)
     extra.update(user_extra or {})
     if kv_dtype is not None:
         extra["kv_dtype"] = kv_dtype

@@ -20,13 +20,12 @@ from __future__ import annotations
 import logging
 from typing import Iterator
 
-from .config import L3Config
-from .disk import DiskSlab
-from .errors import L3StoreError, SlabError
-from .format import FORMAT_VERSION, PayloadKind
+from ..config import L3Config
+from ..disk.slab import DiskSlab
+from ..errors import L3StoreError, SlabError
+from ..disk.format import FORMAT_VERSION, PayloadKind
 from .kinds import KindState, PageLRU, RetiredSlab
-from .slab_dir import (NAMESPACES_KEPT, check_slab_owner, kind_slabs, read_slab_meta, remove_slab, slab_namespaces,
-                       slab_path_for, write_slab_meta)
+from ..disk.slab_dir import (NAMESPACES_KEPT, check_slab_owner, kind_slabs, read_slab_meta, remove_slab, slab_namespaces, slab_path_for, write_slab_meta)
 from .slot_pool import SlotPool
 
 __all__ = ["open_kind", "settle", "close_kind"]
