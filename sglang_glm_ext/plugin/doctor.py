@@ -54,7 +54,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..declare import DoctorInput, PluginFlagError, Tier
-from ..hostmem import doctor as hostmem_doctor
+from ..hugepages import doctor as hugepages_doctor
 from ..l3 import doctor as l3_doctor
 from ..megamoe import doctor as megamoe_doctor
 from ..patching.ledger import State
@@ -210,7 +210,7 @@ def _check_sglang_options(launch: dict[str, Any], problems: _Problems) -> None:
 
 def _launch_from_namespace(ns, ranks_per_node: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(plugin flag values, SGLang-side launch values) of a parsed launch line."""
-    from ..hostmem.hugepages import ranks_on_node
+    from ..hugepages.capacity import ranks_on_node
 
     values = flags.values_from_namespace(ns)
     launch = {k: v for k, v in vars(ns).items() if not k.startswith("glm_ext__")}
@@ -385,7 +385,7 @@ def render_text(report: dict[str, Any]) -> str:
         + ("; NVFP4 on the TRTLLM layout: " + ("yes" if h["fp4_megamoe"]["trtllm_layout"]["supported"]
                                                  else h["fp4_megamoe"]["trtllm_layout"]["why"])))
     lines.extend(megamoe_doctor.render_shared_expert(mm.get("shared_expert")))
-    lines.extend(hostmem_doctor.render_lines(h["hugepages"]))
+    lines.extend(hugepages_doctor.render_lines(h["hugepages"]))
     for row in h["l3_paths"]:
         lines.append(f"  L3 path {row['path']}: o_direct={row.get('o_direct')} free={row.get('free_bytes')} "
                      f"budget={row.get('budget_bytes')} held={row.get('held_bytes')} need={row.get('need_bytes')}")

@@ -1,42 +1,17 @@
-"""hostmem's patches of SGLang, one tuple per feature row (plugin/registry.py).
-
-PATCHES (host_register, seed 297-321): a BEFORE hook on _cuda_host_register (hooks.py).
-HUGEPAGES_PATCHES (hugepages, seed 322-338): the launch check, the RAM check and the two mmap hooks
-(hugepages_hooks.py).
-"""
+"""hugepages' patches of SGLang (seed 322-338): the launch check, the RAM check and the two mmap hooks (hooks.py)."""
 
 from __future__ import annotations
 
 from ..declare import Patch, Tier
-from .feature import FEATURE, HUGEPAGES
+from .feature import FEATURE
 
 PATCHES: tuple[Patch, ...] = (
-    Patch(
-        id="host_register.ceiling",
-        target="sglang.srt.mem_cache.pool_host.common._cuda_host_register",
-        hook_type="before",
-        hook="sglang_glm_ext.hostmem.hooks:check_cuda_host_register",
-        feature=FEATURE,
-        tier=Tier.FEATURE,
-        reason="SGLang 0.5.23 registers a layer-first host pool (no copy granularity) in one cudaHostRegister call; "
-        "above ~1 TB that fails on B300, and it cannot be split safely without knowing the layer stride. Refuse "
-        "at startup with the size, the ceiling and the fix (page_first layout or a smaller --hicache-size); also "
-        "refuse an SGLANG_HICACHE_HOST_REGISTER_CHUNK_GB above the ceiling. Never changes what SGLang registers.",
-        seed_lines="297-321",
-        sglang_versions=("0.5.23",),
-        remove_when="SGLang chunks layer-first host pools at layer boundaries (or caps every registration itself).",
-        signature=("buffer", "registration_granularity_bytes"),
-        source_sha="f13fb8ab7ebf962a",
-    ),
-)
-
-HUGEPAGES_PATCHES: tuple[Patch, ...] = (
     Patch(
         id="hugepages.launch_check",
         target="sglang.srt.server_args.ServerArgs.check_server_args",
         hook_type="after",
-        hook="sglang_glm_ext.hostmem.hugepages_hooks:hook_check_server_args",
-        feature=HUGEPAGES,
+        hook="sglang_glm_ext.hugepages.hooks:hook_check_server_args",
+        feature=FEATURE,
         tier=Tier.FEATURE,
         reason="In the launcher, before any scheduler is spawned: an SGLANG_HUGEPAGE_SIZE SGLang does not know, or a "
         "host-pool allocator that ignores it, stops the launch instead of silently using ordinary pages; with an "
@@ -53,8 +28,8 @@ HUGEPAGES_PATCHES: tuple[Patch, ...] = (
         id="hugepages.ram_check",
         target="sglang.srt.mem_cache.pool_host.base.host_memory_budget_bytes",
         hook_type="around",
-        hook="sglang_glm_ext.hostmem.hugepages_hooks:hook_host_memory_budget_bytes",
-        feature=HUGEPAGES,
+        hook="sglang_glm_ext.hugepages.hooks:hook_host_memory_budget_bytes",
+        feature=FEATURE,
         tier=Tier.FEATURE,
         reason="SGLang's host-pool check counts only MemAvailable, which excludes reserved hugepages, so a correctly "
         "reserved node is refused. A hugepage-backed pool is checked against the hugepages of its size instead "
@@ -70,8 +45,8 @@ HUGEPAGES_PATCHES: tuple[Patch, ...] = (
         id="hugepages.alloc_check",
         target="sglang.srt.mem_cache.storage.mmap.mmap_allocator.alloc_mmap",
         hook_type="around",
-        hook="sglang_glm_ext.hostmem.hugepages_hooks:hook_alloc_mmap",
-        feature=HUGEPAGES,
+        hook="sglang_glm_ext.hugepages.hooks:hook_alloc_mmap",
+        feature=FEATURE,
         tier=Tier.FEATURE,
         reason="alloc_mmap logs and maps ordinary pages on an unknown SGLANG_HUGEPAGE_SIZE or a missing libc; the "
         "hook makes both errors and checks each buffer's pages against what is usable right before the mmap.",
@@ -85,8 +60,8 @@ HUGEPAGES_PATCHES: tuple[Patch, ...] = (
         id="hugepages.no_fallback",
         target="sglang.srt.mem_cache.storage.mmap.mmap_allocator._alloc_hugepage",
         hook_type="around",
-        hook="sglang_glm_ext.hostmem.hugepages_hooks:hook_alloc_hugepage",
-        feature=HUGEPAGES,
+        hook="sglang_glm_ext.hugepages.hooks:hook_alloc_hugepage",
+        feature=FEATURE,
         tier=Tier.FEATURE,
         reason="A failed MAP_HUGETLB mmap raises OSError, which alloc_mmap catches to fall back to ordinary pages: a "
         "node sized for a TB hugepage cache then takes it from RAM and can run out mid-serving. The hook raises a "
