@@ -204,3 +204,24 @@ class DoctorPart:
     sections: Mapping[str, Any] = field(default_factory=dict)
     fix: str = ""
     unavailable: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DoctorReporter:
+    """One folder's entry in doctor (plugin/registry.py DOCTOR_PARTS): which keys of the report it owns and how
+    it fills and shows them, so plugin/doctor.py names no feature's keys. ``report`` builds the folder's
+    `DoctorPart`, whose "hardware" keys must be exactly ``hardware`` and whose top-level sections exactly
+    ``sections`` (doctor refuses a part that strays: keys are what JSON readers rely on). ``render(hardware,
+    sections)`` gives the text report's lines from those keys of a finished report (each a mapping of its own
+    keys only)."""
+
+    report: Callable[[DoctorInput], DoctorPart]
+    render: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]]
+    hardware: tuple[str, ...]
+    sections: tuple[str, ...] = ()
+
+    @property
+    def source(self) -> str:
+        """`sglang_glm_ext.megamoe.doctor` -> `megamoe`: the folder named as its problems' source."""
+        parts = self.report.__module__.split(".")
+        return parts[1] if len(parts) > 2 else "plugin"

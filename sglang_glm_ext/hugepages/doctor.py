@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..declare import DoctorInput, DoctorPart, Problem
+from ..declare import DoctorInput, DoctorPart, DoctorReporter, Problem
 from . import capacity as hp
 from .feature import HUGEPAGE_FALLBACK
 
@@ -158,7 +158,7 @@ def _fit(root, page, error, hicache_size, ranks, ranks_source, default, problems
 
 
 def render_lines(info: dict[str, Any]) -> list[str]:
-    """The text report's lines for `hardware.hugepages` (plugin/doctor.py render_text), one summary line first."""
+    """The text report's lines for `hardware.hugepages`, one summary line first."""
     def v(x):
         return "unknown" if x is None else x
 
@@ -186,3 +186,10 @@ def render_lines(info: dict[str, Any]) -> list[str]:
     for u in info.get("unknown", []):
         lines.append(f"  unknown: {u}")
     return lines
+
+
+def render(hardware: dict[str, Any], sections: dict[str, Any]) -> list[str]:
+    return render_lines(hardware["hugepages"])
+
+
+REPORTER = DoctorReporter(report, render, hardware=("hugepages",))
