@@ -11,6 +11,7 @@ record.
 from __future__ import annotations
 
 import enum
+import functools
 import importlib
 import os
 from dataclasses import dataclass, field
@@ -158,6 +159,13 @@ class Patch:
     def resolve_hook(self) -> Callable:
         module, _, name = self.hook.partition(":")
         return getattr(importlib.import_module(module), name)
+
+
+def patch_for(feature: Feature, *, tier: Tier, sglang_versions: tuple[str, ...], **shared: Any) -> Callable[..., Patch]:
+    """`Patch` with what every declaration of one patches.py shares given once: its feature, tier and SGLang
+    versions, and any other field all of that file's declarations repeat. A declaration then states only what is
+    particular to it, and may still give a shared field itself (a launch check among CPU stand-ins)."""
+    return functools.partial(Patch, feature=feature, tier=tier, sglang_versions=sglang_versions, **shared)
 
 
 class Problem(str):
