@@ -11,6 +11,7 @@ record.
 from __future__ import annotations
 
 import enum
+import functools
 import importlib
 import os
 from dataclasses import dataclass, field
@@ -160,6 +161,13 @@ class Patch:
         return getattr(importlib.import_module(module), name)
 
 
+def patch_for(feature: Feature, *, tier: Tier, sglang_versions: tuple[str, ...], **shared: Any) -> Callable[..., Patch]:
+    """`Patch` with what every declaration of one patches.py shares given once: its feature, tier and SGLang
+    versions, and any other field all of that file's declarations repeat. A declaration then states only what is
+    particular to it, and may still give a shared field itself (a launch check among CPU stand-ins)."""
+    return functools.partial(Patch, feature=feature, tier=tier, sglang_versions=sglang_versions, **shared)
+
+
 class Problem(str):
     """One doctor problem: its text (a str, so doctor's `problems` stays a list of strings) and `fix`, one line
     saying what to do about it. A folder's doctor part returns these; a plain str gets its part's `fix`."""
@@ -204,3 +212,24 @@ class DoctorPart:
     sections: Mapping[str, Any] = field(default_factory=dict)
     fix: str = ""
     unavailable: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DoctorReporter:
+    """One folder's entry in doctor (plugin/registry.py DOCTOR_PARTS): which keys of the report it owns and how
+    it fills and shows them, so plugin/doctor.py names no feature's keys. ``report`` builds the folder's
+    `DoctorPart`, whose "hardware" keys must be exactly ``hardware`` and whose top-level sections exactly
+    ``sections`` (doctor refuses a part that strays: keys are what JSON readers rely on). ``render(hardware,
+    sections)`` gives the text report's lines from those keys of a finished report (each a mapping of its own
+    keys only)."""
+
+    report: Callable[[DoctorInput], DoctorPart]
+    render: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]]
+    hardware: tuple[str, ...]
+    sections: tuple[str, ...] = ()
+
+    @property
+    def source(self) -> str:
+        """`sglang_glm_ext.megamoe.doctor` -> `megamoe`: the folder named as its problems' source."""
+        parts = self.report.__module__.split(".")
+        return parts[1] if len(parts) > 2 else "plugin"

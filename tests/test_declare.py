@@ -1,10 +1,11 @@
-"""The vocabulary: a flag's value with its env var folded in, and a feature's activity derived from its own flags."""
+"""The vocabulary: a flag's value with its env var folded in, a feature's activity derived from its own flags, and a
+patches.py's shared declaration fields given once."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from sglang_glm_ext.declare import CARRIER_ATTR, EnvVar, Feature, Flag, carried_values
+from sglang_glm_ext.declare import CARRIER_ATTR, EnvVar, Feature, Flag, Patch, Tier, carried_values, patch_for
 
 SWITCH_ENV = EnvVar("GLM_EXT_TEST_SWITCH", "0", "test switch")
 SWITCH = Flag("test_switch", "switches the test feature on", "bool", False, env=SWITCH_ENV, switch=True)
@@ -85,3 +86,14 @@ def test_is_active_hands_active_when_the_record_given_or_published(monkeypatch):
     assert BY_SGLANG.is_active(SimpleNamespace(some_backend="y", **{CARRIER_ATTR: {"test_switch": True}}))
     monkeypatch.setattr(rc, "get_server_args", lambda: SimpleNamespace(some_backend="x"))
     assert BY_SGLANG.is_active() and not FEATURE.is_active()
+
+
+def test_patch_for_fills_the_shared_fields_and_a_declaration_may_give_its_own():
+    patch = patch_for(FEATURE, tier=Tier.CPU_SERVE, sglang_versions=("0.5.23",), seed_lines="-")
+    own = dict(id="t.x", target="m.f", hook_type="after", hook="m:h", reason="r", remove_when="w", signature=("a",))
+    p = patch(**own)
+    assert p == Patch(**own, feature=FEATURE, tier=Tier.CPU_SERVE, sglang_versions=("0.5.23",), seed_lines="-")
+    q = patch(**own, tier=Tier.FEATURE, seed_lines="1-9")  # a launch check among CPU stand-ins
+    assert (q.tier, q.seed_lines, q.feature, q.sglang_versions) == (Tier.FEATURE, "1-9", FEATURE, ("0.5.23",))
+    with pytest.raises(TypeError):  # what is particular to a declaration is still required
+        patch(**{k: v for k, v in own.items() if k != "reason"})

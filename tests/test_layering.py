@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 PKG = pathlib.Path(__file__).resolve().parents[1] / "sglang_glm_ext"
-FEATURE_FOLDERS = ("cuda_graph_mem", "hostmem", "l3", "megamoe", "cpu_serve")
+FEATURE_FOLDERS = ("cuda_graph_mem", "host_register", "hugepages", "l3", "megamoe", "cpu_serve")
 # The one import across feature folders: the demo's CPU stand-in installer binds the CPU serving mode's torch copies
 # (a pure module that imports nothing of the package), instead of a second copy of them.
 CROSS_FEATURE = {("sglang_glm_ext.l3.demo.cpu_standins", "sglang_glm_ext.cpu_serve.kernels")}

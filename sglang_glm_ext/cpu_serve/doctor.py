@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ..declare import DoctorInput, DoctorPart
+from ..declare import DoctorInput, DoctorPart, DoctorReporter
 from . import gate
 from .feature import CPU_SERVE, USE_CPU_ENGINE
 
@@ -32,3 +32,16 @@ def report(inp: DoctorInput) -> DoctorPart:
     }
     problems = (f"{CPU_SERVE.name}=1 refused: {why}",) if why else ()
     return DoctorPart({"cpu_serve": info}, problems)
+
+
+def render(hardware, sections) -> list[str]:
+    """doctor's text line for `cpu_serve`."""
+    cs = hardware.get("cpu_serve") or {}
+    if not cs:
+        return []
+    return [f"  CPU serving mode ({CPU_SERVE.name}): {cs['mode']}"
+            + (f"; may run here, sgl_kernel stand-in reachable: {cs['standin_reachable']}" if cs["may_run"]
+               else ("; " + cs["why_not"] if cs["mode"] == "on" else ""))]
+
+
+REPORTER = DoctorReporter(report, render, hardware=("cpu_serve",))

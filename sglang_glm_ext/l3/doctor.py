@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..declare import DoctorInput, DoctorPart, PluginFlagError
+from ..declare import DoctorInput, DoctorPart, DoctorReporter, PluginFlagError
 from .feature import CP_L3_CONFIG, ENABLE_CP_L3
 
-__all__ = ["report", "l3_paths", "render_section"]
+__all__ = ["report", "l3_paths", "render", "render_section", "REPORTER"]
 
 # The fix doctor shows for each L3 problem (each names the config key or path at fault; the launch refuses it alike).
 FIX = ("correct what it names in the --cp-l3-config file or on its disks (a writable directory per [[disks]] entry, "
@@ -131,7 +131,7 @@ def _slabs(cfg) -> list[dict]:
 
 
 def render_section(section: dict) -> list[str]:
-    """The "l3" section as text lines (plugin/doctor.py render_text)."""
+    """The "l3" section as text lines."""
     from .hicache import extra_config
 
     if not section.get("active"):
@@ -150,3 +150,14 @@ def render_section(section: dict) -> list[str]:
         lines.append(f"  rank {row['rank']} slab {row['path']}: {row['bytes']} B, {row['slots']} slots of "
                      f"{row['page_bytes']} B pages, namespace {row['namespace']}")
     return lines
+
+
+def render(hardware: dict, sections: dict) -> list[str]:
+    """doctor's text lines for `l3_paths` and the "l3" section."""
+    lines = [f"  L3 path {row['path']}: o_direct={row.get('o_direct')} free={row.get('free_bytes')} "
+             f"budget={row.get('budget_bytes')} held={row.get('held_bytes')} need={row.get('need_bytes')}"
+             for row in hardware["l3_paths"]]
+    return lines + render_section(sections.get("l3") or {})
+
+
+REPORTER = DoctorReporter(report, render, hardware=("l3_paths",), sections=("l3",))

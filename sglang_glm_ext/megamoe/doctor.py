@@ -22,7 +22,7 @@ import os
 from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
-from ..declare import DoctorInput, DoctorPart, Problem
+from ..declare import DoctorInput, DoctorPart, DoctorReporter, Problem
 from . import fp4_layout, glm4, guard, hardware
 from .feature import FEATURE
 
@@ -119,3 +119,19 @@ def render_shared_expert(part: Any) -> list[str]:
     if part.get("why"):
         lines.append(f"  MegaMoE shared expert for --model-path: {part['why']}")
     return lines
+
+
+def render(hardware: Mapping[str, Any], sections: Mapping[str, Any]) -> list[str]:
+    """doctor's text lines for `fp4_megamoe` and `megamoe`."""
+    fp4, mm = hardware["fp4_megamoe"], hardware["megamoe"]
+    lines = [f"  FP4 MegaMoE: {'possible' if fp4['possible'] else fp4['why']}"]
+    lines.append("  MegaMoE: " + "; ".join(
+        f"{k} {'possible' if mm[k]['possible'] else 'no: ' + mm[k]['why']}" for k in ("fp8_sm90", "fp4_sm100"))
+        + f"; deep_gemm {mm['deep_gemm']['version'] or 'absent'}"
+        + ("" if mm["deep_gemm"]["imports"] or not mm["deep_gemm"]["error"] else f" ({mm['deep_gemm']['error']})")
+        + ("; NVFP4 on the TRTLLM layout: " + ("yes" if fp4["trtllm_layout"]["supported"]
+                                                 else fp4["trtllm_layout"]["why"])))
+    return lines + render_shared_expert(mm.get("shared_expert"))
+
+
+REPORTER = DoctorReporter(report, render, hardware=("fp4_megamoe", "megamoe"))

@@ -27,8 +27,9 @@ JSON schema (stable; bump SCHEMA on any breaking change, documented in README "d
   demo_only, cpu_serve_off}, launch (given a launch line): {command, entry, env, argv, parsed}.
 
 The GPU listing is plugin-wide (here); every other "hardware" key, and the problems that go with it, is a
-folder's part (`<folder>/doctor.py` report(), listed in plugin/registry.py DOCTOR_PARTS). A part may also own
-top-level sections (`DoctorPart.sections`, e.g. "l3"): schema additions, never one of the keys above.
+folder's part (`<folder>/doctor.py` REPORTER, listed in plugin/registry.py DOCTOR_PARTS), which names the keys it
+owns and renders their text lines, so nothing here names a feature's keys. A part may also own top-level sections
+(`DoctorPart.sections`, e.g. "l3"): schema additions, never one of the keys above.
 
 A feature that SGLang's own arguments switch on (`Feature.active_when`: megamoe) is `active` when doctor is given
 those arguments (`doctor --moe-a2a-backend megamoe`, registry.SGLANG_ARGS, passed as `launch`); without them it
@@ -53,10 +54,7 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
-from ..declare import DoctorInput, PluginFlagError, Tier
-from ..hostmem import doctor as hostmem_doctor
-from ..l3 import doctor as l3_doctor
-from ..megamoe import doctor as megamoe_doctor
+from ..declare import DoctorInput, DoctorPart, DoctorReporter, PluginFlagError, Tier
 from ..patching.ledger import State
 from . import __version__, compat, envs, features, flags
 from . import launch as launch_line
@@ -133,10 +131,12 @@ def _same(text: str) -> str:
     return text.replace("'", "").replace('"', "")
 
 
-def _part_source(part) -> str:
-    """`sglang_glm_ext.megamoe.doctor` -> `megamoe`: the folder a doctor part belongs to."""
-    parts = getattr(part, "__module__", "").split(".")
-    return parts[1] if len(parts) > 2 else "plugin"
+def _check_part_keys(part: DoctorReporter, got: DoctorPart) -> None:
+    """A part fills exactly the keys it declares (what render_text shows and JSON readers rely on); anything else
+    is a folder bug, stopped here rather than shipped as a changed schema."""
+    if set(got.hardware) != set(part.hardware) or set(got.sections) != set(part.sections):
+        raise RuntimeError(f"doctor part {part.source} filled hardware {sorted(got.hardware)} and sections "
+                           f"{sorted(got.sections)}; it declares {sorted(part.hardware)} and {sorted(part.sections)}")
 
 
 FIX_CONTRACT = ("SGLang's code at the target is not what the patch was written for: tests/patching/test_contract.py "
@@ -210,7 +210,7 @@ def _check_sglang_options(launch: dict[str, Any], problems: _Problems) -> None:
 
 def _launch_from_namespace(ns, ranks_per_node: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(plugin flag values, SGLang-side launch values) of a parsed launch line."""
-    from ..hostmem.hugepages import ranks_on_node
+    from ..hugepages.capacity import ranks_on_node
 
     values = flags.values_from_namespace(ns)
     launch = {k: v for k, v in vars(ns).items() if not k.startswith("glm_ext__")}
@@ -276,12 +276,12 @@ def collect(flag_values: dict[str, Any] | None = None, launch: dict[str, Any] | 
     node_unavailable: dict[str, str] = {}
     part_problems: list[tuple[str, str]] = []
     for part in DOCTOR_PARTS:  # each folder's part: its hardware keys, its top-level sections and its problems
-        got = part(probe)
+        got = part.report(probe)
+        _check_part_keys(part, got)
         hardware.update(got.hardware)
         sections.update(got.sections)
         node_unavailable.update(got.unavailable)
-        source = _part_source(part)
-        part_problems += [(p, source, got.fix) for p in got.problems]
+        part_problems += [(p, part.source, got.fix) for p in got.problems]
 
     server = SimpleNamespace(**launch)  # active_when reads SGLang's own arguments
     feats = []
@@ -375,26 +375,10 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"  {f['name']:<14} {state:<7} {avail}")
     h = report["hardware"]
     gpu_s = ", ".join(f"{g['name']} (SM{g['sm']})" for g in h["gpus"]) or "none"
-    lines.append(f"hardware: GPUs: {gpu_s}; FP4 MegaMoE: "
-                 f"{'possible' if h['fp4_megamoe']['possible'] else h['fp4_megamoe']['why']}")
-    mm = h["megamoe"]
-    lines.append("  MegaMoE: " + "; ".join(
-        f"{k} {'possible' if mm[k]['possible'] else 'no: ' + mm[k]['why']}" for k in ("fp8_sm90", "fp4_sm100"))
-        + f"; deep_gemm {mm['deep_gemm']['version'] or 'absent'}"
-        + ("" if mm["deep_gemm"]["imports"] or not mm["deep_gemm"]["error"] else f" ({mm['deep_gemm']['error']})")
-        + ("; NVFP4 on the TRTLLM layout: " + ("yes" if h["fp4_megamoe"]["trtllm_layout"]["supported"]
-                                                 else h["fp4_megamoe"]["trtllm_layout"]["why"])))
-    lines.extend(megamoe_doctor.render_shared_expert(mm.get("shared_expert")))
-    lines.extend(hostmem_doctor.render_lines(h["hugepages"]))
-    for row in h["l3_paths"]:
-        lines.append(f"  L3 path {row['path']}: o_direct={row.get('o_direct')} free={row.get('free_bytes')} "
-                     f"budget={row.get('budget_bytes')} held={row.get('held_bytes')} need={row.get('need_bytes')}")
-    lines.extend(l3_doctor.render_section(report.get("l3") or {}))
-    cs = h.get("cpu_serve") or {}
-    if cs:  # --- cpu_serve ---
-        lines.append(f"  CPU serving mode (SGLANG_GLM_EXT_CPU_SERVE): {cs['mode']}"
-                     + (f"; may run here, sgl_kernel stand-in reachable: {cs['standin_reachable']}" if cs["may_run"]
-                        else ("; " + cs["why_not"] if cs["mode"] == "on" else "")))
+    lines.append(f"hardware: GPUs: {gpu_s}")
+    for part in DOCTOR_PARTS:  # each folder renders the keys it owns
+        lines.extend(part.render({k: h[k] for k in part.hardware if k in h},
+                                 {k: report[k] for k in part.sections if k in report}))
     if report["ok"]:
         lines.append("OK")
     else:

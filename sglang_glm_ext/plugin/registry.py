@@ -1,22 +1,21 @@
-"""The feature registry: one row per feature (a folder may declare several, as hostmem/ does). Everything
-plugin-wide is derived from these rows.
+"""The feature registry: one row per feature (one feature folder each). Everything plugin-wide is derived from these
+rows.
 
 Row order is the order users see: doctor's feature list, the flag/env table, and the ledger. PATCHES (the
 ledger) is the rows' patch declarations concatenated in that order, so patch ids, the generated
 docs_internal/patch_manifest.md and the contract test follow from the rows alone.
 
-Adding a feature: its folder (docs_internal/architecture.md says what goes in it) plus one row in ROWS, and one
-entry in DOCTOR_PARTS when the folder has a doctor.py.
+Adding a feature: its folder (docs_internal/architecture.md says what goes in it) plus one row in ROWS, and its
+doctor.py's REPORTER in DOCTOR_PARTS when it has one.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 from ..cpu_serve import doctor as cpu_serve_doctor, feature as cpu_serve, patches as cpu_serve_patches
 from ..cuda_graph_mem import feature as cuda_graph_mem, patches as cuda_graph_mem_patches
-from ..declare import DoctorInput, DoctorPart, EnvVar, Feature, Flag, Patch
-from ..hostmem import doctor as hostmem_doctor, feature as hostmem, patches as hostmem_patches
+from ..declare import DoctorReporter, EnvVar, Feature, Flag, Patch
+from ..host_register import feature as host_register, patches as host_register_patches
+from ..hugepages import doctor as hugepages_doctor, feature as hugepages, patches as hugepages_patches
 from ..l3 import doctor as l3_doctor, feature as l3, patches as l3_patches
 from ..megamoe import doctor as megamoe_doctor, feature as megamoe, patches as megamoe_patches
 from . import envs, feature as plugin, patches as plugin_patches
@@ -25,18 +24,19 @@ ROWS: tuple[tuple[Feature, tuple[Patch, ...]], ...] = (
     (plugin.FEATURE, plugin_patches.PATCHES),
     (l3.FEATURE, l3_patches.PATCHES),
     (cuda_graph_mem.FEATURE, cuda_graph_mem_patches.PATCHES),
-    (hostmem.FEATURE, hostmem_patches.PATCHES),
-    (hostmem.HUGEPAGES, hostmem_patches.HUGEPAGES_PATCHES),
+    (host_register.FEATURE, host_register_patches.PATCHES),
+    (hugepages.FEATURE, hugepages_patches.PATCHES),
     (megamoe.FEATURE, megamoe_patches.PATCHES),
     (cpu_serve.FEATURE, cpu_serve_patches.PATCHES),
 )
 
-# One entry per folder that adds to doctor's report (GPU listing is plugin-wide: plugin/doctor.py).
-DOCTOR_PARTS: tuple[Callable[[DoctorInput], DoctorPart], ...] = (
-    megamoe_doctor.report,
-    hostmem_doctor.report,
-    l3_doctor.report,
-    cpu_serve_doctor.report,
+# One entry per folder that adds to doctor's report (GPU listing is plugin-wide: plugin/doctor.py), in the order
+# its text lines appear.
+DOCTOR_PARTS: tuple[DoctorReporter, ...] = (
+    megamoe_doctor.REPORTER,
+    hugepages_doctor.REPORTER,
+    l3_doctor.REPORTER,
+    cpu_serve_doctor.REPORTER,
 )
 
 FEATURES: tuple[Feature, ...] = tuple(f for f, _ in ROWS)

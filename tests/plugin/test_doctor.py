@@ -154,7 +154,7 @@ def test_every_problem_carries_a_fix(tmp_path):
     for d in details:
         assert d["fix"].strip() and d["source"], d
     by_source = {d["source"] for d in details}
-    assert {"plugin", "megamoe", "hostmem", "launch", "l3"} <= by_source, details
+    assert {"plugin", "megamoe", "hugepages", "launch", "l3"} <= by_source, details
     cg = next(d for d in details if "cg_mem" in d["problem"])
     assert "--log-cuda-graph-buffers" in cg["fix"]
     text = doctor("--log-cuda-graph-buffers", "--moe-a2a-backend", "megamoe").stdout

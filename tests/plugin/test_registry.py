@@ -1,6 +1,8 @@
 """The registry: one row per feature, and everything plugin-wide derived from the rows."""
 
-from sglang_glm_ext.declare import Feature
+import pytest
+
+from sglang_glm_ext.declare import DoctorPart, DoctorReporter, Feature
 from sglang_glm_ext.plugin import envs, registry
 
 
@@ -28,9 +30,27 @@ def test_flags_and_env_vars_come_from_the_features():
         assert registry.feature_of(e) is None
 
 
-def test_every_doctor_part_is_a_report_function():
+def test_every_doctor_part_is_a_folders_reporter_and_no_two_claim_a_key():
+    hardware, sections = [], []
     for part in registry.DOCTOR_PARTS:
-        assert part.__name__ == "report" and part.__module__.endswith(".doctor"), part
+        assert isinstance(part, DoctorReporter), part
+        assert part.report.__name__ == "report" and part.report.__module__.endswith(".doctor"), part
+        assert part.render.__module__ == part.report.__module__, part  # a folder renders its own keys
+        assert part.source == part.report.__module__.split(".")[1]
+        hardware += part.hardware
+        sections += part.sections
+    assert len(hardware) == len(set(hardware)) and len(sections) == len(set(sections)), (hardware, sections)
+
+
+def test_doctor_refuses_a_part_that_fills_keys_it_does_not_declare():
+    from sglang_glm_ext.plugin.doctor import _check_part_keys
+
+    part = next(p for p in registry.DOCTOR_PARTS if p.sections)  # l3: hardware l3_paths, section l3
+    _check_part_keys(part, DoctorPart({"l3_paths": []}, sections={"l3": {}}))
+    for stray in (DoctorPart({"l3_paths": [], "extra": 1}, sections={"l3": {}}), DoctorPart({}, sections={"l3": {}}),
+                  DoctorPart({"l3_paths": []}), DoctorPart({"l3_paths": []}, sections={"l3": {}, "other": {}})):
+        with pytest.raises(RuntimeError, match="doctor part l3 filled"):
+            _check_part_keys(part, stray)
 
 
 def test_sglang_args_are_the_features_own_in_row_order_without_repeats():

@@ -5,8 +5,8 @@ whose host range straddles two registrations fails, so the host cache must be sp
 SGLang 0.5.23 carries this for page-first layouts (mem_cache/pool_host/common.py `_cuda_host_register` chunks at
 `SGLANG_HICACHE_HOST_REGISTER_CHUNK_GB`, rounded down to the page granularity the pool passes). A layer-first pool
 passes no granularity and is registered in ONE call: the plugin patch `host_register.ceiling`
-(sglang_glm_ext/hostmem) refuses that at startup above `SGLANG_GLM_EXT_HOST_REGISTER_MAX_GB` with the size, the
-ceiling and the fix. tests/hostmem/test_plan.py holds the planner's property tests over every layout.
+(sglang_glm_ext/host_register) refuses that at startup above `SGLANG_GLM_EXT_HOST_REGISTER_MAX_GB` with the size, the
+ceiling and the fix. tests/host_register/test_plan.py holds the planner's property tests over every layout.
 
 Runs SGLang's real `_cuda_host_register` against a fake cudart (records each registration) and a fake buffer that
 reports a multi-TB size without allocating it. Real pinning and transfers need a GPU: GPU-marked test below.
@@ -19,7 +19,7 @@ import regression_mutants as rm
 import torch
 
 import sglang.srt.mem_cache.pool_host.common as common
-from sglang_glm_ext.hostmem.plan import GIB, HostRegisterPlanError, page_first_unit
+from sglang_glm_ext.host_register.plan import GIB, HostRegisterPlanError, page_first_unit
 from sglang_glm_ext.plugin.registry import PATCHES
 from sglang_glm_ext.patching.ledger import State, apply_one, resolve_original
 
@@ -161,7 +161,7 @@ def test_plugin_refuses_sglang_chunk_limit_over_ceiling(monkeypatch):
 
 def test_check_detects_missing_plugin_hook(monkeypatch):
     # Without the patch (or with a hook that lets everything through) the check must fail.
-    monkeypatch.setattr("sglang_glm_ext.hostmem.hooks.check_cuda_host_register", lambda *a, **k: None)
+    monkeypatch.setattr("sglang_glm_ext.host_register.hooks.check_cuda_host_register", lambda *a, **k: None)
     _apply_plugin_patch(monkeypatch)
     with pytest.raises(AssertionError):
         check_plugin_refuses_layer_first_over_ceiling(monkeypatch)

@@ -4,9 +4,9 @@ Seed lines 322-338 (fork commit: the host-pool size check inspected regular RAM,
 carved out of, so a correctly reserved node was refused; insufficient hugepages must fail loud with an actionable
 message, not as a cryptic or silent mmap failure). Runs SGLang's unwrapped functions. When one of these fails
 after an SGLang upgrade, upstream changed the behaviour: review the matching patch in
-sglang_glm_ext/hostmem/patches.py (HUGEPAGES_PATCHES, its remove_when) and tests/hostmem/test_hugepages_hooks.py.
+sglang_glm_ext/hugepages/patches.py (its remove_when) and tests/hugepages/test_hooks.py.
 The real-kernel version of the fallback is
-tests/hostmem/test_hugepages_real.py::test_sglang_alone_silently_falls_back_to_ordinary_pages.
+tests/hugepages/test_real_hugepages.py::test_sglang_alone_silently_falls_back_to_ordinary_pages.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 SGLang's HostTensorAllocator / alloc_mmap / _alloc_hugepage, host_memory_budget_bytes, HostKVCache's
 _allocate_host_buffer and ServerArgs.check_server_args run for real; only the sysfs root and, where a test says
 so, libc's mmap/madvise are fakes (a fake mmap hands out ordinary memory, so nothing here needs hugepages).
-The real-kernel test is tests/hostmem/test_hugepages_real.py.
+The real-kernel test is tests/hugepages/test_real_hugepages.py.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import sglang.srt.mem_cache.host_memory as host_memory
 import sglang.srt.mem_cache.pool_host.base as base
 import sglang.srt.mem_cache.pool_host.common as common
 from sglang.srt.mem_cache.storage.mmap import mmap_allocator as ma
-from sglang_glm_ext.hostmem import hugepages as hp
-from sglang_glm_ext.hostmem import hugepages_hooks as hh
+from sglang_glm_ext.hugepages import capacity as hp
+from sglang_glm_ext.hugepages import hooks as hh
 from sglang_glm_ext.patching.ledger import resolve_original, source_sha
 
 MIB, GIB = hp.MIB, hp.GIB
@@ -449,7 +449,7 @@ def test_launch_check_fires_inside_sglangs_check_server_args(monkeypatch, tree, 
 def test_a_command_line_launch_gets_the_message_alone_an_engine_the_exception(monkeypatch, tree, make_server_args):
     """SGLang lets an exception from check_server_args escape launch_server as a traceback; a record built from a
     command line (prepare_server_args sets `_launch_command`) exits with the message instead. The subprocess
-    launch is tests/hostmem/test_launch_cli.py."""
+    launch is tests/hugepages/test_launch_cli.py."""
     import sglang.srt.arg_groups.validation_hook as validation_hook
 
     tree(GB1, free=10)
@@ -473,7 +473,7 @@ def test_a_command_line_launch_gets_the_message_alone_an_engine_the_exception(mo
 # ---- SGLang functions the hooks read without patching ----
 
 @pytest.mark.parametrize("target,sha", [
-    # hugepages_hooks._allocator_kind mirrors it from the launch arguments
+    # hooks._allocator_kind mirrors it from the launch arguments
     ("sglang.srt.mem_cache.pool_host.common.get_allocator_type", "429745156a4c3b66"),
     # OWN_ALLOCATORS lists the kinds this maps to an allocator other than HostTensorAllocator
     ("sglang.srt.mem_cache.pool_host.common.get_allocator_from_storage", "5dade936b3b3dce8"),
@@ -481,7 +481,7 @@ def test_a_command_line_launch_gets_the_message_alone_an_engine_the_exception(mo
     ("sglang.srt.mem_cache.pool_host.base.ranks_per_host", "559104b5cb63ef84"),
 ])
 def test_sglang_code_the_hooks_mirror_is_unchanged(target, sha):
-    assert source_sha(resolve_original(target)) == sha, f"{target} changed: review hostmem/hugepages_hooks.py"
+    assert source_sha(resolve_original(target)) == sha, f"{target} changed: review hugepages/hooks.py"
 
 
 def test_host_pools_reach_alloc_mmap_through_the_default_allocator():

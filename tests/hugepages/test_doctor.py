@@ -1,4 +1,4 @@
-"""hostmem's doctor part (sglang_glm_ext/hostmem/doctor.py): the node's hugepages, every size per NUMA node, and
+"""hugepages' doctor part (sglang_glm_ext/hugepages/doctor.py): the node's hugepages, every size per NUMA node, and
 whether a hugepage-backed launch fits; the launch reaches it through DoctorInput.launch."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from sglang_glm_ext.declare import DoctorInput
-from sglang_glm_ext.hostmem import doctor
+from sglang_glm_ext.hugepages import doctor
 
 MB2, GB1 = 2048, 1048576
 ORIGINAL_KEYS = {"total", "free", "size_kb", "mounts"}  # doctor schema 1 had these; they stay

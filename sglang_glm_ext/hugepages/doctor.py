@@ -1,4 +1,4 @@
-"""hostmem's part of `doctor`: the node's hugepages, and whether a hugepage-backed HiCache launch fits them.
+"""hugepages' part of `doctor`: the node's hugepages, and whether a hugepage-backed HiCache launch fits them.
 
 `report()` gives doctor's `hardware.hugepages` (JSON schema 1): the original keys (`total`, `free`, `size_kb`,
 `mounts`: /proc/meminfo's default size and the hugetlbfs mounts) plus `default_size_kb`, `sizes` (every size, per
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..declare import DoctorInput, DoctorPart, Problem
-from . import hugepages as hp
+from ..declare import DoctorInput, DoctorPart, DoctorReporter, Problem
+from . import capacity as hp
 from .feature import HUGEPAGE_FALLBACK
 
 
@@ -39,8 +39,8 @@ def report(inp: DoctorInput) -> DoctorPart:
 
 def allocator_problems(launch) -> list[Problem]:
     """A launch's host-pool allocator that ignores SGLANG_HUGEPAGE_SIZE: the launch check refuses it
-    (hugepages_hooks.plan_launch), unless the fallback is allowed."""
-    from . import hugepages_hooks as hh
+    (hooks.plan_launch), unless the fallback is allowed."""
+    from . import hooks as hh
 
     if "hicache_storage_backend" not in launch:
         return []
@@ -158,7 +158,7 @@ def _fit(root, page, error, hicache_size, ranks, ranks_source, default, problems
 
 
 def render_lines(info: dict[str, Any]) -> list[str]:
-    """The text report's lines for `hardware.hugepages` (plugin/doctor.py render_text), one summary line first."""
+    """The text report's lines for `hardware.hugepages`, one summary line first."""
     def v(x):
         return "unknown" if x is None else x
 
@@ -186,3 +186,10 @@ def render_lines(info: dict[str, Any]) -> list[str]:
     for u in info.get("unknown", []):
         lines.append(f"  unknown: {u}")
     return lines
+
+
+def render(hardware: dict[str, Any], sections: dict[str, Any]) -> list[str]:
+    return render_lines(hardware["hugepages"])
+
+
+REPORTER = DoctorReporter(report, render, hardware=("hugepages",))

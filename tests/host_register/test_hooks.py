@@ -2,8 +2,8 @@
 
 import pytest
 
-from sglang_glm_ext.hostmem import hooks
-from sglang_glm_ext.hostmem.plan import GIB, HostRegisterPlanError
+from sglang_glm_ext.host_register import hooks
+from sglang_glm_ext.host_register.plan import GIB, HostRegisterPlanError
 
 
 class Buf:

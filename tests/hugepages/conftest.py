@@ -135,8 +135,8 @@ def hugepage_plugin(monkeypatch):
     """The plugin's hugepage patches applied to the installed SGLang; no size selected, no launch plan published."""
     from sglang.srt.plugins.hook_registry import HookSource
 
-    from sglang_glm_ext.hostmem import hugepages_hooks as hh
-    from sglang_glm_ext.hostmem.feature import HUGEPAGES
+    from sglang_glm_ext.hugepages import hooks as hh
+    from sglang_glm_ext.hugepages.feature import FEATURE as HUGEPAGES
     from sglang_glm_ext.patching.ledger import State, apply_one
     from sglang_glm_ext.plugin.registry import PATCHES
 

@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from sglang_glm_ext.hostmem import hugepages as hp
+from sglang_glm_ext.hugepages import capacity as hp
 
 MIB = hp.MIB
 PAGES = 8

@@ -1,4 +1,4 @@
-"""Property tests for sglang_glm_ext/hostmem/plan.py over every host layout (seed 297-321).
+"""Property tests for sglang_glm_ext/host_register/plan.py over every host layout (seed 297-321).
 
 Each case builds a host pool geometry, lists the byte ranges host<->device copies address in that layout, and
 checks that a plan either is refused or keeps every copy inside one registration with no registration over the
@@ -12,7 +12,7 @@ import zlib
 
 import pytest
 
-from sglang_glm_ext.hostmem.plan import (
+from sglang_glm_ext.host_register.plan import (
     Chunk,
     HostRegisterPlanError,
     check_chunks,

@@ -1,8 +1,7 @@
 """Hooks that make SGLang 0.5.23's hugepage-backed host pools check capacity first and never fall back silently.
 
-The `hugepages` feature's hooks (declared in hostmem/patches.py HUGEPAGES_PATCHES; the feature and its env var in
-hostmem/feature.py HUGEPAGES); the decisions live in `hugepages` (pure). Kept apart from hooks.py (host_register's
-ceiling hook): one hooks module per feature row, and this one holds per-process state. Each hook
+The `hugepages` feature's hooks (declared in patches.py; the feature and its env var in feature.py); the decisions
+live in `capacity` (pure). This module holds per-process state (the pages this process mapped). Each hook
 passes straight through to SGLang when SGLANG_HUGEPAGE_SIZE is unset, so ordinary-page pools run SGLang's code
 unchanged. Every hook runs at startup (launch, host-pool construction), never on the data path.
 
@@ -25,7 +24,7 @@ import os
 import threading
 import weakref
 
-from . import hugepages as hp
+from . import capacity as hp
 from .feature import HUGEPAGE_FALLBACK
 
 logger = logging.getLogger("sglang_glm_ext")

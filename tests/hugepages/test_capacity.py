@@ -1,4 +1,4 @@
-"""sglang_glm_ext/hostmem/hugepages.py on a fake sysfs (seed 322-338): what fits, what does not, and the message.
+"""sglang_glm_ext/hugepages/capacity.py on a fake sysfs (seed 322-338): what fits, what does not, and the message.
 
 Covers enough / not enough / reserved pages / wrong size / per-NUMA shortfall / hugetlb cgroup limits, the exact
 reserve commands, and that odd or missing files give "unknown", never an exception.
@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from sglang_glm_ext.hostmem import hugepages as hp
+from sglang_glm_ext.hugepages import capacity as hp
 
 GIB, MIB = hp.GIB, hp.MIB
 MB2, GB1 = 2048, 1048576  # sysfs size names, kB
