@@ -182,11 +182,19 @@ def test_a_budget_change_resizes_the_slab_in_place_and_keeps_what_still_fits(tmp
         assert (st["used"], st["total"]) == (12, 32) and reads_back(s, range(12), "a")
         spill(s, range(12, 20), "a")
         slots.update({i: s.locate(K, key(i, "a"))[2] for i in range(12, 20)})
+        # Two of the first eight slots freed: what the lowered slab keeps then cannot fill it, so its GC (start =
+        # 1.0: only when full) never runs and the kept pages are exactly what the resize kept (it used to race).
+        gone = [i for i, sl in sorted(slots.items(), key=lambda x: x[1]) if sl < 8][:2]
+        s.free(K, [key(i, "a") for i in gone])
+        assert s.flush(30)
+        for i in gone:
+            del slots[i]
     finally:
         s.close()
     s = opened(tmp_path, NS_A, budget=8 * SLOT, start=1.0, stop=0.99)  # lowered: what still has its slot stays
     try:
         keep = sorted(i for i, sl in slots.items() if sl < 8)
+        assert len(keep) == 6
         st = s.stats()["slots"]["target_kv"]
         assert (st["used"], st["total"]) == (len(keep), 8)
         assert reads_back(s, keep, "a") and entries(s) == len(keep)
