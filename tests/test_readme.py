@@ -65,6 +65,17 @@ def test_every_plugin_command_in_the_readme_parses():
     assert {"doctor", "l3", "demo"} <= used
 
 
+def test_readme_states_fsck_exit_codes_as_the_code_defines_them():
+    """The README said "exit 1 on corruption" while 1 meant "repaired": its sentence is now the code's own."""
+    from sglang_glm_ext.l3.tools import exit_codes
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"`l3 fsck` exit status, as e2fsck's: {exit_codes.SUMMARY}." in readme
+    assert "exit 1 on corruption" not in readme
+    assert [a[:2] for a in _readme_commands("sglang-glm-ext") if a[:2] in (["l3", "fsck"], ["l3", "ls"])] == \
+        [["l3", "fsck"], ["l3", "ls"]]
+
+
 def test_readme_doctor_launch_lines_are_launches_doctor_reads():
     from sglang_glm_ext.plugin.cli import build_parser
     from sglang_glm_ext.plugin.launch import ENTRIES, split_command

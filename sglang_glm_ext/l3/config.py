@@ -518,12 +518,25 @@ reload_threads = 4
 '''
 
 
-def write_example_config(dir: str | os.PathLike) -> str:
-    """Write ``l3.toml`` into ``dir`` (created 0700) and return its path."""
+def write_example_config(dir: str | os.PathLike, *, force: bool = False) -> str:
+    """Write ``l3.toml`` into ``dir`` (created 0700) and return its path. An existing file is never touched unless
+    ``force`` (FileExistsError): an operator's edited config is not silently replaced. With ``force`` the new file
+    replaces the old one whole (written beside it, then renamed), so a failed write leaves the old one as it was.
+    OSError (a file where the directory should be, a read-only file system, no permission) propagates."""
     d = os.path.abspath(os.fspath(dir))
     os.makedirs(d, mode=0o700, exist_ok=True)
     path = os.path.join(d, "l3.toml")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(example_config(d))
+    target = path + ".tmp" if force else path
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (0 if force else os.O_EXCL), 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(example_config(d))
+        if force:
+            os.replace(target, path)
+    except BaseException:
+        try:
+            os.unlink(target)  # ours either way (O_EXCL, or the .tmp beside it): no half-written config is left
+        except OSError:
+            pass
+        raise
     return path

@@ -27,6 +27,19 @@ def test_example_config_is_valid_and_uses_dir(tmp_path):
     assert str(tmp_path) in example_config(tmp_path)
 
 
+def test_example_config_never_overwrites_an_edited_file_unless_forced(tmp_path):
+    path = write_example_config(tmp_path)
+    with open(path, "a") as f:
+        f.write("# my edit\n")
+    edited = open(path).read()
+    with pytest.raises(FileExistsError):
+        write_example_config(tmp_path)
+    assert open(path).read() == edited
+    assert write_example_config(tmp_path, force=True) == path
+    assert open(path).read() == example_config(tmp_path) and os.listdir(tmp_path) == ["l3.toml"]
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o600)
+
+
 def test_toml_and_json_load_the_same(tmp_path):
     data = _base(tmp_path, ranks={"count": 4, "mapping": "balanced"}, gc={"start": 0.8, "stop": 0.5})
     jp = tmp_path / "c.json"

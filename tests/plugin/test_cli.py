@@ -43,7 +43,7 @@ def _all_parsers():
 
 def test_every_subcommand_is_reached_by_the_walk():
     names = {p.prog.removeprefix("sglang-glm-ext").strip() for p in _all_parsers()}
-    assert {"", "doctor", "flags", "manifest", "l3", "l3 fsck", "l3 bench", "l3 example-config", "demo"} <= names
+    assert {"", "doctor", "flags", "manifest", "l3", "l3 fsck", "l3 ls", "l3 bench", "l3 example-config", "demo"} <= names
 
 
 @pytest.mark.parametrize("parser", _all_parsers(), ids=lambda p: p.prog)

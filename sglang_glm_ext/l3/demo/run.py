@@ -6,8 +6,8 @@ way the scheduler drives it: insert -> write-through -> write-back to L3 -> L2 e
 prefetch from L3 -> load-back, then a restart (``cold_start = "load"``) and the same prefetch on the new cache.
 Every phase checks the KV and indexer bytes against what was written and prints hits, pages and GB/s.
 
-Embedded defaults: a temporary directory with the L3 slabs and the embedded LMDB index (removed afterwards unless
-``--keep``). It runs on the CPU stand-ins for SGLang's GPU copy ops (``demo/cpu_standins.py``), which refuse
+Embedded defaults: a temporary directory with the L3 slabs and the embedded LMDB index, removed afterwards unless
+``--keep``; ``--dir DIR`` puts them in DIR instead (created if missing), which is never removed. It runs on the CPU stand-ins for SGLang's GPU copy ops (``demo/cpu_standins.py``), which refuse
 where a GPU is visible: on a GPU node, run a real server instead. Exit status 0 only if every byte matched.
 """
 
@@ -23,14 +23,28 @@ import time
 __all__ = ["add_demo_subcommand", "run_demo"]
 
 
+def _positive(text: str) -> int:
+    """A count the demo checks bytes over: 0 would check nothing and still print OK."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (0 would check nothing), got {value}")
+    return value
+
+
 def add_demo_subcommand(sub) -> None:
     p = sub.add_parser("demo", help="L3 under SGLang's real HiCache on this CPU: write-back, eviction, prefetch, "
                                     "restart; checks bytes, prints hits and GB/s")
-    p.add_argument("--dir", help="work directory (default: a fresh temporary directory, removed at the end)")
-    p.add_argument("--keep", action="store_true", help="keep the work directory (slabs, index, l3.toml)")
-    p.add_argument("--requests", type=int, default=6, help="requests (distinct prompts)")
-    p.add_argument("--pages", type=int, default=4, help="pages (64 tokens each) per request")
-    p.add_argument("--layers", type=int, default=78, help="model layers (GLM-5: 78)")
+    p.add_argument("--dir", help="work directory, created if missing and never removed (default: a fresh temporary "
+                                 "directory, removed at the end unless --keep)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the temporary work directory (slabs, index, l3.toml) and print its path; a --dir is "
+                        "always kept")
+    p.add_argument("--requests", type=_positive, default=6, help="requests (distinct prompts)")
+    p.add_argument("--pages", type=_positive, default=4, help="pages (64 tokens each) per request")
+    p.add_argument("--layers", type=_positive, default=78, help="model layers (GLM-5: 78)")
     p.add_argument("--layout", default="page_first", choices=("page_first", "page_first_direct", "layer_first"),
                    help="--hicache-mem-layout (page_first is SGLang's default)")
 
@@ -105,7 +119,8 @@ def _run(args, work: str, register) -> int:
     for name in ("sglang", "sglang_glm_ext"):
         logging.getLogger(name).setLevel(logging.ERROR)
 
-    print(f"sglang-glm-ext demo: L3 as SGLang's HiCache storage tier, one rank, CPU (work dir {work})")
+    kept = "kept" if args.keep or args.dir else "removed at the end; --keep keeps it"
+    print(f"sglang-glm-ext demo: L3 as SGLang's HiCache storage tier, one rank, CPU (work dir {work}, {kept})")
     t_import = time.perf_counter()
     ledger = register()
     if ledger is None:

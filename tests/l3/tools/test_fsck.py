@@ -1,4 +1,5 @@
-"""fsck: live / corrupt / orphan counts, --repair, exit codes, CLI wiring."""
+"""fsck: live / corrupt / orphan counts, truncated slabs, the deployments an index holds, --repair, exit codes (as
+e2fsck's), CLI wiring. Every case runs on real slabs and a real LMDB index."""
 
 import argparse
 import hashlib
@@ -67,10 +68,10 @@ def test_corrupt_orphans_and_repair(tmp_path, capsys):
     rep = fsck(cfg)
     assert rep.live == 2 and rep.corrupt == 1 and rep.orphan_index == 2
     assert rep.orphan_slot == 1 and rep.unknown_version == 1
-    assert rep.exit_code == 2
-    assert fsck_main([path, "--json"]) == 2
+    assert rep.exit_code == 4
+    assert fsck_main([path, "--json"]) == 4
     out = json.loads(capsys.readouterr().out)
-    assert out["corrupt"] == 1 and out["exit_code"] == 2
+    assert out["corrupt"] == 1 and out["exit_code"] == 4
     assert fsck_main([path, "--repair"]) == 1
     capsys.readouterr()
     rep = fsck(cfg)
@@ -144,7 +145,8 @@ def test_cli_subcommands(tmp_path, capsys):
     add_l3_subcommands(sub)
     args = parser.parse_args(["l3", "example-config", "--dir", str(tmp_path / "ex")])
     assert args.func(args) == 0
-    cfg_path = capsys.readouterr().out.strip()
+    cfg_path = str(tmp_path / "ex" / "l3.toml")
+    assert capsys.readouterr().out.startswith(f"wrote {cfg_path};")
     assert os.path.exists(cfg_path) and L3Config.from_file(cfg_path).deployment_id == "example"
     args = parser.parse_args(["l3", "fsck", cfg_path, "--json"])
     assert args.func(args) == 0
@@ -169,6 +171,184 @@ def test_a_damaged_index_page_is_reported_and_every_entry_still_checked(tmp_path
             f.write(bytes([raw[m.start()] ^ 0xFF]))
     rep = fsck(cfg)
     assert rep.live == 11  # all but the damaged key, which is no longer this deployment's
-    assert rep.damaged_index >= 1 and rep.exit_code == 2
+    assert rep.damaged_index >= 1 and rep.exit_code == 4
     assert any("out of order" in p for p in rep.problems)
-    assert fsck(cfg, repair=True).exit_code == 2  # repair drops entries; it cannot re-sort an LMDB page
+    assert fsck(cfg, repair=True).exit_code == 4  # repair drops entries; it cannot re-sort an LMDB page
+
+
+# ---- truncated slabs (issue 24): expected vs actual size, slots lost, the entries past the end ----
+
+def _forty(tmp_path, n=30):
+    """A 40-slot target_kv slab with ``n`` pages (slots 0..n-1, the pool hands out the lowest first)."""
+    cfg_path = tmp_path / "l3.toml"
+    cfg_path.write_text(f'deployment_id = "fs"\n[[disks]]\npath = "{tmp_path}/disk"\nbudget = {40 * SLOT}\n'
+                        f'[index]\npath = "{tmp_path}/index"\nmap_size = "16MiB"\n[gc]\nstart = 1.0\nstop = 0.99\n')
+    cfg = L3Config.from_file(cfg_path)
+    s = L3Store.open(cfg, rank=0, namespace=NS, page_bytes={K: PB})
+    assert all(s.spill(K, [key(i) for i in range(n)], [np.full(PB, i, np.uint8) for i in range(n)]))
+    assert s.flush(30)
+    slab = s.slab(K).path
+    slots = sorted(s.index.get(s._ikey(K, bytes.fromhex(key(i)))).slot for i in range(n))
+    s.close()
+    assert slots == list(range(n)) and os.path.getsize(slab) == 40 * SLOT
+    return cfg, str(cfg_path), slab
+
+
+def test_a_slab_cut_from_40_slots_to_20_is_reported_with_sizes_slots_lost_and_entries_past_the_end(tmp_path, capsys):
+    """Before: "clean" or a list of "orphaned (empty)" slots, never the word truncated. Now: the slab's expected and
+    actual size, the 20 slots lost, the 10 entries past the end by slot; exit 4; --repair deletes those entries and
+    gives the file its size back (exit 1); then it is clean (exit 0)."""
+    cfg, path, slab = _forty(tmp_path)
+    os.truncate(slab, 20 * SLOT)
+    rep = fsck(cfg)
+    assert (rep.live, rep.past_end, rep.orphan_index, rep.corrupt) == (20, 10, 0, 0)
+    (t,) = rep.truncated_slabs
+    assert (t["expected_bytes"], t["file_bytes"], t["slots_lost"]) == (40 * SLOT, 20 * SLOT, 20)
+    assert t["entries_past_end"] == list(range(20, 30)) and t["kind"] == "target_kv" and not t["restored"]
+    assert rep.exit_code == 4
+    line = rep.problems[0]
+    assert "TRUNCATED" in line and f"{20 * SLOT} B" in line and f"40 slots x {SLOT} B = {40 * SLOT} B" in line
+    assert "20 slots of capacity lost" in line and "10 index entries point past the end (slots 20-29)" in line
+    assert fsck_main([path, "--json"]) == 4
+    out = json.loads(capsys.readouterr().out)
+    assert out["slots_lost"] == 20 and out["past_end"] == 10 and out["truncated_slabs"][0]["path"] == slab
+
+    assert fsck_main([path, "--repair"]) == 1
+    assert "the file's size restored" in capsys.readouterr().out
+    assert os.path.getsize(slab) == 40 * SLOT
+    rep = fsck(cfg)
+    assert (rep.live, rep.past_end, rep.truncated_slabs, rep.empty, rep.exit_code) == (20, 0, [], 20, 0)
+
+
+def test_a_slab_cut_short_with_no_entry_past_the_end_is_not_clean(tmp_path):
+    """The "80 MB of a bigger slab: clean, slots lost silently" case: no entry is lost, the capacity is."""
+    cfg, path, slab = _forty(tmp_path, n=4)
+    os.truncate(slab, 25 * SLOT)
+    rep = fsck(cfg)
+    assert rep.live == 4 and rep.past_end == 0 and rep.exit_code == 4
+    assert rep.truncated_slabs[0]["slots_lost"] == 15 and "no index entry points past the end" in rep.problems[0]
+    assert fsck(cfg, repair=True).exit_code == 1 and os.path.getsize(slab) == 40 * SLOT
+    assert fsck(cfg).exit_code == 0
+
+
+def test_a_slab_cut_inside_a_slot_loses_that_slot_too(tmp_path):
+    """The "10 MB" case: a cut that is no multiple of the slot size; the slot it cuts has lost its header."""
+    cfg, path, slab = _forty(tmp_path, n=12)
+    os.truncate(slab, 9 * SLOT + SLOT // 2)
+    rep = fsck(cfg)
+    t = rep.truncated_slabs[0]
+    assert rep.live == 9 and rep.past_end == 3 and t["slots_lost"] == 31 and t["entries_past_end"] == [9, 10, 11]
+    assert t["file_bytes"] == 9 * SLOT + SLOT // 2 and rep.exit_code == 4
+
+
+def test_repair_leaves_a_slab_a_live_server_holds_and_says_so(tmp_path):
+    """--repair next to a live owner: the entries past the end go (exact deletes are safe under a live server), the
+    file a live server holds is not written: errors left (4), the reason named; once the server is gone, 1."""
+    cfg, path, slab = _forty(tmp_path)
+    os.truncate(slab, 20 * SLOT)
+    s = L3Store.open(cfg, rank=0, namespace=NS, page_bytes={K: PB}, cold_start="load")  # a live owner again
+    try:
+        os.truncate(slab, 20 * SLOT)  # its open restored the size; cut it again under the live owner
+        rep = fsck(cfg, repair=True)
+        assert rep.repaired_errors == 10 and rep.exit_code == 4
+        assert "size NOT restored: a live server holds it" in rep.problems[0]
+        assert os.path.getsize(slab) == 20 * SLOT
+    finally:
+        s.close()
+    rep = fsck(cfg, repair=True)
+    assert rep.past_end == 0 and rep.exit_code == 1 and os.path.getsize(slab) == 40 * SLOT
+
+
+# ---- the deployments an index holds (a deployment_id typo is not "clean") ----
+
+def _store_of(tmp_path, dep, n, kinds=(K,)):
+    cfg_path = tmp_path / f"{dep}.toml"
+    cfg_path.write_text(f'deployment_id = "{dep}"\n[[disks]]\npath = "{tmp_path}/disk"\nbudget = {60 * SLOT}\n'
+                        f'[index]\npath = "{tmp_path}/index"\nmap_size = "16MiB"\n')
+    cfg = L3Config.from_file(cfg_path)
+    s = L3Store.open(cfg, rank=0, namespace=NS, page_bytes={k: PB for k in kinds})
+    for k in kinds:
+        assert all(s.spill(k, [key(i) for i in range(n)], [np.full(PB, i, np.uint8) for i in range(n)]))
+    assert s.flush(30)
+    s.close()
+    return cfg, str(cfg_path)
+
+
+def test_a_deployment_id_typo_lists_the_deployments_the_index_holds_and_is_a_config_error(tmp_path, capsys):
+    _store_of(tmp_path, "dep", 12, kinds=(K, PayloadKind.INDEX_K))
+    _store_of(tmp_path, "other", 5)
+    typo = tmp_path / "typo.toml"
+    typo.write_text((tmp_path / "dep.toml").read_text().replace('"dep"', '"dpe"'))
+    rep = fsck(L3Config.from_file(typo))
+    assert rep.slabs_scanned == 0 and rep.deployment_missing and rep.exit_code == 16
+    assert {(d["name"], d["entries"]) for d in rep.deployments} == {("dep", 24), ("other", 5)}
+    assert "no entry of deployment 'dpe'" in rep.problems[0] and "'dep' (24 entries)" in rep.problems[0]
+    assert "'other' (5 entries)" in rep.problems[0] and "deployment 'dpe' not found" in rep.result
+    assert fsck_main([str(typo)]) == 16
+    assert "Is deployment_id in" in capsys.readouterr().out
+    # The right name is clean and still lists its neighbour.
+    rep = fsck(L3Config.from_file(tmp_path / "dep.toml"))
+    assert rep.exit_code == 0 and rep.live == 24 and len(rep.deployments) == 2
+
+
+def test_a_deployment_nothing_on_the_node_names_is_listed_by_its_tag(tmp_path):
+    import shutil
+
+    from sglang_glm_ext.l3.engine.index import deployment_tag
+
+    _store_of(tmp_path, "dep", 3)
+    _store_of(tmp_path, "gone", 4)
+    os.unlink(tmp_path / "index" / "owner-gone-rank0.lock")
+    shutil.rmtree(tmp_path / "disk" / "gone")
+    rep = fsck(L3Config.from_file(tmp_path / "dep.toml"))
+    assert {"name": None, "tag": deployment_tag("gone").hex(), "entries": 4} in rep.deployments
+    assert rep.exit_code == 0  # the other deployment's state is not this config's to judge
+
+
+def test_kinds_are_named_never_numbered(tmp_path):
+    """An index_k entry with no index_k slab: the line names the kind, not `kind=3`."""
+    cfg, path, s, _ = setup(tmp_path)
+    s.index.put(make_key(s.dep, s.ns, PayloadKind.INDEX_K, bytes.fromhex(key(1))), IndexEntry(0, 0, 1, 1))
+    s.close()
+    rep = fsck(cfg)
+    assert rep.orphan_index == 1 and rep.exit_code == 4
+    (line,) = [p for p in rep.problems if "index_k" in p]
+    assert "missing slab" in line and "kind=" not in line and f"kind={int(PayloadKind.INDEX_K)}" not in line
+
+
+# ---- exit codes: 0 clean, 1 repaired, 4 left, 8 operational, 16 usage/config ----
+
+def test_exit_codes_tell_config_io_and_damage_apart(tmp_path, capsys):
+    from sglang_glm_ext.l3.tools import exit_codes
+
+    assert (exit_codes.CLEAN, exit_codes.REPAIRED, exit_codes.LEFT, exit_codes.OPERATIONAL, exit_codes.USAGE) == \
+        (0, 1, 4, 8, 16)
+    cfg, path, s, _ = setup(tmp_path)
+    s.close()
+    bad = tmp_path / "bad.toml"
+    bad.write_text("deployment_id = \n")
+    assert fsck_main([str(bad)]) == 16  # a config that does not load
+    assert fsck_main([str(tmp_path / "missing.toml")]) == 16
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and "Traceback" not in err
+    data = tmp_path / "index" / "data.mdb"
+    raw = data.read_bytes()
+    data.write_bytes(raw[:4096 * 2])  # cut short: LMDB's metadata names pages past the end (IndexDamagedError)
+    assert fsck_main([path]) == 4
+    data.write_bytes(b"\0" * len(raw))  # no LMDB file at all: the index cannot be opened
+    assert fsck_main([path]) == 8
+    err = capsys.readouterr().err
+    assert "truncated or damaged" in err and "cannot check" in err and "Traceback" not in err
+
+
+def test_usage_errors_exit_16(capsys):
+    parser = argparse.ArgumentParser()
+    add_l3_subcommands(parser.add_subparsers(dest="command", required=True))
+    for argv in (["l3", "fsck"], ["l3", "fsck", "x.toml", "--bogus"], ["l3", "ls"]):
+        try:
+            parser.parse_args(argv)
+        except SystemExit as e:
+            assert e.code == 16, argv
+        else:
+            raise AssertionError(argv)
+    assert "error:" in capsys.readouterr().err
