@@ -201,11 +201,11 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                 rd.close()
                 _close(buf)
 
-        # Slot pass: every slab of every configured rank, headers only (the trailer; the slot start only where the
+        # Slot pass: every slab of every configured rank on each of its disks, headers only (the trailer; the slot start only where the
         # trailer holds no v2 header, to name a v1 blob).
         for rank in range(config.num_ranks):
-            disk = config.disk_for_rank(rank)
-            for kind, path in ((k, p) for k in PayloadKind for p in kind_slabs(config, rank, k, disk)):
+            for kind, path in ((k, p) for disk in config.disks_for_rank(rank) for k in PayloadKind
+                               for p in kind_slabs(config, rank, k, disk)):
                 meta = read_slab_meta(path)
                 if meta is None or not os.path.exists(path):
                     continue
