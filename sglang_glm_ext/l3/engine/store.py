@@ -787,8 +787,8 @@ class L3Store:
     def stats(self) -> dict:
         return self._shared.stats()
 
-    def slab(self, kind) -> Any:
-        return self._shared.slab(kind)
+    def slab(self, kind, disk: "int | None" = None) -> Any:
+        return self._shared.slab(kind, disk)
 
     def locate(self, kind, key) -> "tuple[int, int, int] | None":
         return self._shared.locate(kind, key)

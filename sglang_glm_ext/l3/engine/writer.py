@@ -278,36 +278,41 @@ class Writer:
             with self.cond:
                 self._commits_inflight += 1
                 self._backlog[disk] += 1
-            # Bounded: a slow disk stalls the writer, never the callers. With several disks a round gives a disk
-            # whose backlog is full no page (_round_room), so only a round where every disk is backed up waits here.
+            # Bounded: a slow disk stalls the writer, never the callers. With several disks a round places no page
+            # on a disk whose backlog is full (_round_room), so this never waits for one drive while another could
+            # take the pages.
             self._committers[disk].submit(writes)
 
     def _round_room(self) -> dict[int, "int | None"]:
         """New pages each disk may take this round: None (any), 1 (a failing disk's probe) or 0 (none: its slab
-        writes fail and its probe is not due, or its committer holds a full backlog)."""
-        now = time.monotonic()
-        room: dict[int, "int | None"] = {}
-        for d in self.disks:
-            if self._backlog[d] >= _BACKLOG:
-                room[d] = 0
-            elif self.health.slab_on(d).failing:
-                room[d] = 1 if now - self._probed_at[d] >= _PROBE_S else 0
-            else:
-                room[d] = None
-        return room
+        writes fail and its probe is not due, or its committer holds a full backlog). When every disk that works
+        is backed up, wait until one of them finishes a batch (backpressure, as on one disk -- but on whichever
+        drive frees first, never on a stalled one while the others drain). When none works, nothing is left out:
+        pages then go where their key says, and fail there (counted), as on one failing disk."""
+        while True:
+            now = time.monotonic()
+            health = {d: (1 if now - self._probed_at[d] >= _PROBE_S else 0) if self.health.slab_on(d).failing
+                      else None for d in self.disks}
+            room = {d: 0 if self._backlog[d] >= _BACKLOG else r for d, r in health.items()}
+            if any(r != 0 for r in room.values()) or all(r == 0 for r in health.values()):
+                return room
+            with self.cond:  # a commit delivered (or the 0.5 s tick: a probe may come due) ends the wait
+                if not self._completed:
+                    self.cond.wait(0.5)
+            self._apply_commits(block=False)
 
     def _place(self, grp: KindDisks, content_hash: bytes, room: "dict[int, int | None] | None"
                ) -> "tuple[KindState, int | None]":
         """The disk and slot a new page is written to (module docstring). One disk: its pool, GC reclaiming the
         coldest pages when it is full. Several: the key's disk first, then the others in ring order, each only if
-        it has room this round; none: the key's disk."""
+        it has room this round (``_round_room``); none has: the key's disk."""
         parts = grp.parts
         first = grp.preferred(content_hash)
         if room is None:
             order = [parts[first]]
         else:
             ring = [parts[(first + i) % len(parts)] for i in range(len(parts))]
-            order = [st for st in ring if room.get(st.disk, None) != 0] or [parts[first]]
+            order = [st for st in ring if room[st.disk] != 0] or [parts[first]]
         for st in order:
             slot = st.pool.alloc()
             if slot is None and not self.reclaim.backing_off():
@@ -389,6 +394,7 @@ class Writer:
     def _write_failed(self, st: KindState, slot: int, err: "Failure | None") -> None:
         self.c.write_errors += 1
         self.disk_write_errors[st.disk] = self.disk_write_errors.get(st.disk, 0) + 1
+        self._probed_at[st.disk] = time.monotonic()  # a failure is as good as a probe: the next one _PROBE_S on
         self.health.slab_on(st.disk).failed(f"{st.kind.label} slot {slot}: {err}")
         st.pool.free(slot)
 
