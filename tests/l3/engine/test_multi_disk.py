@@ -436,3 +436,49 @@ def test_clear_at_run_time_empties_every_disk(tmp_path):
         assert len(where(s, range(150))) == 150
     finally:
         s.close()
+
+
+def test_a_replaced_drive_loses_only_its_own_pages_at_a_load_restart(tmp_path):
+    c = cfg(tmp_path)
+    s = opened(c)
+    spill(s, range(300))
+    before = where(s, range(300))
+    s.close()
+    # Drive 1 replaced by an empty one: its slab (and sidecar) are gone, the index still names its pages.
+    for name in os.listdir(os.path.dirname(slab_path(c, 0, K, 1))):
+        os.unlink(os.path.join(os.path.dirname(slab_path(c, 0, K, 1)), name))
+    s = opened(c, "load")
+    try:
+        on1 = [i for i, d in before.items() if d == 1]
+        kept = [i for i, d in before.items() if d != 1]
+        assert s.stale_dropped == len(on1) and s.loaded_pages == len(kept)
+        assert where(s, range(300)) == {i: before[i] for i in kept}
+        assert all(reload(s, kept))
+        spill(s, range(300, 600))  # the new drive takes its share again
+        assert per_disk_counts(where(s, range(300, 600)), range(3))[1] > 60
+    finally:
+        s.close()
+
+
+def test_a_kind_added_after_open_gets_a_slab_on_every_disk_and_survives_a_load(tmp_path):
+    c = cfg(tmp_path, payload_split="weights", payload_weights={"target_kv": 0.5, "draft_kv": 0.5})
+    draft = PayloadKind.DRAFT_KV
+    s = opened(c)
+    try:
+        s.add_kind(draft, PB)
+        assert [s.slab(draft, disk=d).num_slots for d in range(3)] == [200, 200, 200]
+        assert all(s.spill(draft, [key(i, "dr") for i in range(150)], [page(i, "dr") for i in range(150)]))
+        assert s.flush(30)
+        counts = per_disk_counts({i: s.locate(draft, key(i, "dr"))[1] for i in range(150)}, range(3))
+        assert min(counts.values()) > 20, counts
+    finally:
+        s.close()
+    s = L3Store.open(c, rank=0, namespace=NS, page_bytes={K: PB}, cold_start="load")
+    try:
+        s.add_kind(draft, PB)  # loaded from the index alone, on each disk
+        assert s.loaded_pages == 150
+        dst = [np.zeros(PB, np.uint8) for _ in range(150)]
+        assert all(s.reload_into(draft, [key(i, "dr") for i in range(150)], dst))
+        assert all(np.array_equal(d, page(i, "dr")) for i, d in enumerate(dst))
+    finally:
+        s.close()
