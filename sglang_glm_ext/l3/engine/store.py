@@ -144,12 +144,12 @@ class SharedStore:
             raise L3StoreError(f"index.path: cannot take the owner lock for rank {rank} in "
                                f"{config.index_path!r}: {e}") from e
         try:
-            self._open_owned(kinds, slot_bytes, nslots, sdir, mode)
+            self._open_owned(kinds, slot_bytes, nslots, mode)
         except BaseException:
             self._close_files()
             raise
 
-    def _open_owned(self, kinds: dict[PayloadKind, int], slot_bytes, nslots, sdir: str, mode: str) -> None:
+    def _open_owned(self, kinds: dict[PayloadKind, int], slot_bytes, nslots, mode: str) -> None:
         """The rest of open, run once this store owns (deployment, rank): slabs, PLP, index, cold start, threads."""
         config, rank = self.config, self.rank
         self.plps = {}

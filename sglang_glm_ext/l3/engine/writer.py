@@ -17,8 +17,9 @@ key picks (``KindDisks.preferred``), stepping to the next disk in ring order whe
 round: its slab writes are failing (``Health.slab_on``; it gets one probe page every :data:`_PROBE_S` so its
 recovery is noticed), its committer already holds a full backlog (a slow drive), or its pool has no slot even
 after a GC reclaim. So a slow or failing drive sheds new pages to the others and costs only the pages it holds
-(and, while it fails, the few it is probed with). When no disk can take a page it goes where its key says, as on
-one disk: the writer then waits on that drive's backlog (backpressure), or its write fails and is counted.
+(and, while it fails, the few it is probed with). When every working drive is backed up, the round waits until one
+of them finishes a batch (backpressure, as on one disk, but never on a stalled drive while another drains); when no
+drive works, a page goes where its key says and its write fails there, counted, as on one failing disk.
 """
 
 from __future__ import annotations
