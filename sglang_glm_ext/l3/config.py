@@ -401,7 +401,8 @@ class L3Config:
 
         return cls(
             disks=tuple(disks), index_path=index_path, index_map_size=map_size, num_ranks=count,
-            rank_to_disk=r2d, rank_to_disks=r2ds, deployment_id=dep, cold_start=cold, ack=ack, require_plp=require_plp, plp=plp,
+            rank_to_disk=r2d, rank_to_disks=r2ds, deployment_id=dep, cold_start=cold, ack=ack,
+            require_plp=require_plp, plp=plp,
             direct_io=direct, gc_start=gc_start, gc_stop=gc_stop, gc_budget_per_round=gc_budget,
             staging_bytes=staging, max_inflight=max_inflight, wait_ms=wait_ms, write_batch_pages=batch,
             io_threads=io_threads,
@@ -480,7 +481,8 @@ class L3Config:
 
 
 def _rank_disks(v: Any, key: str, n_disks: int) -> tuple[int, ...]:
-    """One ``ranks.mapping`` entry: a disk index, or a non-empty list of distinct ones (the rank's disks, home first)."""
+    """One ``ranks.mapping`` entry: a disk index, or a non-empty list of distinct ones (the rank's disks, home
+    first)."""
     items = v if isinstance(v, list) else [v]
     if isinstance(v, list) and not v:
         raise L3ConfigError(f"{key}: empty list of disks (give a disk index, or a list of at least one)")

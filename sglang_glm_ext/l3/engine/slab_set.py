@@ -59,10 +59,10 @@ def _open_retired(config: L3Config, rank: int, path: str, seq: Iterator[int]) ->
 
 def open_kind(config: L3Config, *, rank: int, disk: int, kind: PayloadKind, page_bytes: int, slot_bytes: int,
               num_slots: int, ns_digest: bytes, seq: Iterator[int]) -> "tuple[KindState, dict | None]":
-    """This rank's slab of one kind on ``disk`` (created, resized to a new budget, or checked against its geometry), the slabs of
-    other slot sizes beside it, and the slab's sidecar as the previous owner left it (read before it is rewritten
-    here: a ``load`` cold start keeps a slab's entries only if it shows this format and geometry). Loud on failure
-    (:class:`L3StoreError` / ``SlabError``); nothing it opened stays open then."""
+    """This rank's slab of one kind on ``disk`` (created, resized to a new budget, or checked against its geometry),
+    the slabs of other slot sizes beside it, and the slab's sidecar as the previous owner left it (read before it is
+    rewritten here: a ``load`` cold start keeps a slab's entries only if it shows this format and geometry). Loud on
+    failure (:class:`L3StoreError` / ``SlabError``); nothing it opened stays open then."""
     path = slab_path_for(config, rank, kind, slot_bytes, disk)
     retired: list[RetiredSlab] = []
     slab = None

@@ -201,8 +201,8 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
                 rd.close()
                 _close(buf)
 
-        # Slot pass: every slab of every configured rank on each of its disks, headers only (the trailer; the slot start only where the
-        # trailer holds no v2 header, to name a v1 blob).
+        # Slot pass: every slab of every configured rank on each of its disks, headers only (the trailer; the slot
+        # start only where the trailer holds no v2 header, to name a v1 blob).
         for rank in range(config.num_ranks):
             for kind, path in ((k, p) for disk in config.disks_for_rank(rank) for k in PayloadKind
                                for p in kind_slabs(config, rank, k, disk)):
