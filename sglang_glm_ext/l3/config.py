@@ -5,14 +5,29 @@ starts with the key path (``disks[1].budget: ...``), raised at load time so a se
 would later misread. Environment overrides are applied here too, once (``SGLANG_CP_L3_COLD_START`` replaces
 ``cold_start`` for one launch), so the engine reads only the config.
 
+Disks and ranks (``[ranks] mapping``): each ``[[disks]]`` entry is one drive (its index is its position). A rank
+writes one drive or several:
+
+* ``"balanced"`` (default): rank ``r`` on disk ``r % len(disks)`` (several disks serve several ranks, one each);
+* a list with one entry per rank, each a disk index (``[0, 1, 0]``) or a list of them (``[[0, 1, 2, 3]]``: one rank
+  spreads its pages over four drives; ``[[0, 1], [2, 3]]``: two ranks, two drives each);
+* ``"all"``: every rank on every disk.
+
+A rank with several disks keeps one slab per (kind, disk) and places each new page on one of them by its content
+hash, in proportion to its share of each disk (engine/kinds.py ``KindDisks``); a slow or failing drive sheds its new
+pages to the others and costs only the pages it holds. Its first disk is its *home* (``disk_for_rank``: the owner
+lock's record, a one-disk rank's only disk).
+
 Budget split (the documented rule):
 
 Writers (``[writers] mode``): a replicated (MLA/DSA) page under context or attention-TP parallelism is written by one
 owner among the node's replicas, ``"spread"`` (default: a content hash picks it, see ``hicache/cp_writers.py``) or
 ``"one_per_node"`` (the node's first replica writes every page; the others still reserve their budget).
 
-1. A disk's ``budget`` is divided equally among the ranks mapped to it (``ranks_on_disk``), rounded down.
-2. A rank's share is divided among the payload kinds:
+1. A disk's ``budget`` is divided equally among the ranks mapped to it (``ranks_on_disk``), rounded down. A rank
+   with several disks gets such a share on each of them (``rank_budget(rank, disk)``), and each share sizes that
+   disk's slabs on its own (rule 2 applies per disk).
+2. A rank's share (on one disk) is divided among the payload kinds:
 
    * ``payload_split = "equal_slots"`` (default): every kind the store is opened with gets the same number of
      slots, ``n = rank_bytes // sum(slot_bytes[k])``. A page of target KV comes with a page of draft KV / index_k
@@ -181,7 +196,8 @@ class L3Config:
     index_path: str
     index_map_size: int
     num_ranks: int = 1
-    rank_to_disk: tuple[int, ...] = (0,)
+    rank_to_disk: tuple[int, ...] = (0,)  # each rank's home disk: the first of rank_to_disks[r]
+    rank_to_disks: tuple[tuple[int, ...], ...] = ()  # each rank's disks (home first); () = one each, rank_to_disk
     deployment_id: str = "default"
     cold_start: str = "clear"
     ack: str = "write_behind"  # ACK_MODES: when the HiCache backend answers SGLang's batch_set
@@ -204,6 +220,10 @@ class L3Config:
     writer_mode: str = "spread"  # replicated (MLA/DSA) pages under CP/TP: "spread" over the node's replicas | "one_per_node"
     source: str = field(default="<dict>", compare=False)
     test_write_delay_ms: int = field(default=0, compare=False)  # SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS (tests only)
+
+    def __post_init__(self):
+        if not self.rank_to_disks:
+            object.__setattr__(self, "rank_to_disks", tuple((d,) for d in self.rank_to_disk))
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -316,22 +336,24 @@ class L3Config:
         if count is not None:
             count = _pos_int(count, "ranks.count")
         if isinstance(mapping, str):
-            if mapping != "balanced":
-                raise L3ConfigError(f"ranks.mapping: unknown mapping {mapping!r} (use 'balanced' or a list of disk indices)")
+            if mapping not in ("balanced", "all"):
+                raise L3ConfigError(f"ranks.mapping: unknown mapping {mapping!r} (use 'balanced', 'all' or a list with "
+                                    f"one entry per rank: a disk index or a list of disk indices)")
             count = count or 1
-            r2d = tuple(r % n_disks for r in range(count))
+            if mapping == "all":
+                r2ds = tuple(tuple(range(n_disks)) for _ in range(count))
+            else:
+                r2ds = tuple((r % n_disks,) for r in range(count))
         elif isinstance(mapping, list):
             if count is not None and len(mapping) != count:
                 raise L3ConfigError(f"ranks.mapping: has {len(mapping)} entries but ranks.count = {count}")
             if not mapping:
                 raise L3ConfigError("ranks.mapping: empty list")
-            for i, v in enumerate(mapping):
-                if isinstance(v, bool) or not isinstance(v, int) or not (0 <= v < n_disks):
-                    raise L3ConfigError(f"ranks.mapping[{i}]: disk index {v!r} out of range [0, {n_disks})")
-            r2d = tuple(mapping)
+            r2ds = tuple(_rank_disks(v, f"ranks.mapping[{i}]", n_disks) for i, v in enumerate(mapping))
             count = len(mapping)
         else:
-            raise L3ConfigError(f"ranks.mapping: expected 'balanced' or a list, got {type(mapping).__name__}")
+            raise L3ConfigError(f"ranks.mapping: expected 'balanced', 'all' or a list, got {type(mapping).__name__}")
+        r2d = tuple(ds[0] for ds in r2ds)
 
         index = _get(data, "index", "index", Mapping, required=True)
         for k in index:
@@ -398,7 +420,8 @@ class L3Config:
 
         return cls(
             disks=tuple(disks), index_path=index_path, index_map_size=map_size, num_ranks=count,
-            rank_to_disk=r2d, deployment_id=dep, cold_start=cold, ack=ack, require_plp=require_plp, plp=plp,
+            rank_to_disk=r2d, rank_to_disks=r2ds, deployment_id=dep, cold_start=cold, ack=ack,
+            require_plp=require_plp, plp=plp,
             direct_io=direct, gc_start=gc_start, gc_stop=gc_stop, gc_budget_per_round=gc_budget,
             staging_bytes=staging, max_inflight=max_inflight, wait_ms=wait_ms, write_batch_pages=batch,
             io_threads=io_threads,
@@ -412,36 +435,49 @@ class L3Config:
             raise L3ConfigError(f"ranks: rank {rank!r} out of range [0, {self.num_ranks}) (ranks.count / ranks.mapping)")
 
     def disk_for_rank(self, rank: int) -> int:
+        """The rank's home disk: its only disk, or the first of several (the owner lock's record, messages)."""
         self.check_rank(rank)
         return self.rank_to_disk[rank]
 
-    def ranks_on_disk(self, disk: int) -> list[int]:
-        return [r for r, d in enumerate(self.rank_to_disk) if d == disk]
+    def disks_for_rank(self, rank: int) -> tuple[int, ...]:
+        """Every disk this rank writes, home first (one for a plain ``mapping`` entry)."""
+        self.check_rank(rank)
+        return self.rank_to_disks[rank]
 
-    def rank_budget(self, rank: int) -> int:
-        """Bytes of its disk this rank may use: the disk budget split equally among the ranks mapped to it."""
-        d = self.disk_for_rank(rank)
-        return self.disks[d].budget // len(self.ranks_on_disk(d))
+    def ranks_on_disk(self, disk: int) -> list[int]:
+        return [r for r, ds in enumerate(self.rank_to_disks) if disk in ds]
+
+    def rank_budget(self, rank: int, disk: "int | None" = None) -> int:
+        """Bytes of ``disk`` this rank may use: the disk's budget split equally among the ranks mapped to it (0 for a
+        disk the rank is not mapped to). Without ``disk``: its shares of all its disks added up."""
+        if disk is None:
+            return sum(self.rank_budget(rank, d) for d in self.disks_for_rank(rank))
+        if disk not in self.disks_for_rank(rank):
+            return 0
+        return self.disks[disk].budget // len(self.ranks_on_disk(disk))
 
     @property
     def addable_kinds(self) -> tuple[str, ...]:
         """Kinds whose slab the config sizes on its own (a weight each): the kinds a store may add after open."""
         return tuple(self.payload_weights) if self.payload_weights is not None else ()
 
-    def slots_for_kind(self, rank: int, kind: str, slot_bytes: int) -> int:
-        """Slots of one kind for this rank, from the config alone (``payload_weights``); what ``add_kind`` uses."""
+    def slots_for_kind(self, rank: int, kind: str, slot_bytes: int, disk: "int | None" = None) -> int:
+        """Slots of one kind for this rank on ``disk`` (its home disk by default), from the config alone
+        (``payload_weights``); what ``add_kind`` uses."""
         if self.payload_weights is None:
             raise L3ConfigError(
                 f"payload_split = 'equal_slots' sizes each payload kind from the kinds a store opens together, so "
                 f"{kind} cannot be added after open: use payload_split = 'weights' with a [payload_weights] entry "
                 f"for every kind (e.g. target_kv = 0.7, index_k = 0.15, {kind} = 0.15)")
-        return self.slots_per_kind(rank, {kind: slot_bytes})[kind]
+        return self.slots_per_kind(rank, {kind: slot_bytes}, disk)[kind]
 
-    def slots_per_kind(self, rank: int, slot_bytes: Mapping[str, int]) -> dict[str, int]:
-        """Slots per payload kind (keys: lower-case kind names) for this rank; see the module docstring rule."""
+    def slots_per_kind(self, rank: int, slot_bytes: Mapping[str, int], disk: "int | None" = None) -> dict[str, int]:
+        """Slots per payload kind (keys: lower-case kind names) of this rank's slabs on ``disk`` (its home disk by
+        default); see the module docstring rule (it applies per disk)."""
         if not slot_bytes:
             raise L3ConfigError("payload kinds: the store needs at least one payload kind")
-        budget = self.rank_budget(rank)
+        d = self.disk_for_rank(rank) if disk is None else disk
+        budget = self.rank_budget(rank, d)
         if self.payload_weights is None:
             n = budget // sum(slot_bytes.values())
             out = {k: n for k in slot_bytes}
@@ -453,7 +489,6 @@ class L3Config:
             out = {k: int(budget * self.payload_weights[k] / total_w) // b for k, b in slot_bytes.items()}
         for k, n in out.items():
             if n < 1:
-                d = self.disk_for_rank(rank)
                 raise L3ConfigError(
                     f"disks[{d}].budget: rank {rank}'s share ({budget} B) holds no slot of {k} "
                     f"({slot_bytes[k]} B per slot); raise the budget")
@@ -463,6 +498,23 @@ class L3Config:
         """``<disk>/<deployment>/rank<r>``: one directory per (deployment, rank); slabs of each kind inside."""
         d = self.disk_for_rank(rank) if disk is None else disk
         return os.path.join(self.disks[d].path, self.deployment_id, f"rank{rank}")
+
+
+def _rank_disks(v: Any, key: str, n_disks: int) -> tuple[int, ...]:
+    """One ``ranks.mapping`` entry: a disk index, or a non-empty list of distinct ones (the rank's disks, home
+    first)."""
+    items = v if isinstance(v, list) else [v]
+    if isinstance(v, list) and not v:
+        raise L3ConfigError(f"{key}: empty list of disks (give a disk index, or a list of at least one)")
+    out: list[int] = []
+    for j, x in enumerate(items):
+        where = f"{key}[{j}]" if isinstance(v, list) else key
+        if isinstance(x, bool) or not isinstance(x, int) or not (0 <= x < n_disks):
+            raise L3ConfigError(f"{where}: disk index {x!r} out of range [0, {n_disks})")
+        if x in out:
+            raise L3ConfigError(f"{where}: disk {x} listed twice for this rank (each disk at most once per rank)")
+        out.append(x)
+    return tuple(out)
 
 
 def example_config(dir: str | os.PathLike) -> str:
@@ -483,7 +535,9 @@ budget = "1GiB"
 
 [ranks]
 count = 1
-mapping = "balanced"        # rank % number of disks, or an explicit list of disk indices
+mapping = "balanced"        # rank % number of disks | a list, one entry per rank: a disk index or a list of them
+                            # ([[0, 1, 2, 3]]: one rank spreads its pages over 4 drives, a [[disks]] entry each;
+                            # each disk's budget is split among its ranks) | "all" (every rank on every disk)
 
 [writers]
 mode = "spread"             # MLA/DSA pages under CP / attention TP: one owner per page among the node's ranks

@@ -117,16 +117,18 @@ def _slabs(cfg) -> list[dict]:
 
     rows = []
     for rank in range(cfg.num_ranks):
-        d = cfg.slab_dir(rank)
-        names = sorted(n for n in os.listdir(d) if n.endswith(".slab")) if os.path.isdir(d) else []
-        for name in names:
-            path = os.path.join(d, name)
-            meta = read_slab_meta(path) or {}
-            rows.append({"rank": rank, "path": path, "bytes": os.path.getsize(path),
-                         "slots": meta.get("num_slots"), "page_bytes": meta.get("page_bytes"),
-                         "namespace": meta.get("ns_digest")})
-        if not names:
-            rows.append({"rank": rank, "path": d, "bytes": 0, "slots": None, "page_bytes": None, "namespace": None})
+        for disk in cfg.disks_for_rank(rank):
+            d = cfg.slab_dir(rank, disk)
+            names = sorted(n for n in os.listdir(d) if n.endswith(".slab")) if os.path.isdir(d) else []
+            for name in names:
+                path = os.path.join(d, name)
+                meta = read_slab_meta(path) or {}
+                rows.append({"rank": rank, "disk": disk, "path": path, "bytes": os.path.getsize(path),
+                             "slots": meta.get("num_slots"), "page_bytes": meta.get("page_bytes"),
+                             "namespace": meta.get("ns_digest")})
+            if not names:
+                rows.append({"rank": rank, "disk": disk, "path": d, "bytes": 0, "slots": None, "page_bytes": None,
+                             "namespace": None})
     return rows
 
 

@@ -103,7 +103,7 @@ def test_reclaim_commits_index_delete_before_freeing_the_slot(tmp_path):
     s = open_store(tmp_path)
     events = []
     real_delete = s.index.delete_if
-    pool = s._kinds[K].pool
+    pool = s._kinds[K].home.pool
     real_free = pool.free
 
     def delete_spy(items, **kw):

@@ -88,7 +88,7 @@ def budget_fit(cfg, source: str | None = None) -> list[dict[str, Any]]:
     rows, by_fs = [], {}
     for i, d in enumerate(cfg.disks):
         ranks = cfg.ranks_on_disk(i)
-        budget = sum(cfg.rank_budget(r) for r in ranks)  # what the ranks mapped to it preallocate at most
+        budget = sum(cfg.rank_budget(r, i) for r in ranks)  # what the ranks mapped to it preallocate at most
         base = nearest_dir(d.path)
         try:
             fs = os.stat(base).st_dev

@@ -34,6 +34,11 @@ older format version (v1 blobs: the upgrade policy in l3_format.md) or another s
 did not have (a budget change resizes the file in place and keeps the slots that remain: same slot size, same
 boundaries). The page size in the sidecar is the last owner's and says nothing about other namespaces' blobs.
 
+Several disks per rank: each (kind, disk) slab is a slab of its own here -- its own sidecar verdict, slots and LRU.
+An entry goes to the state of the disk it names (``KindDisks.on``); one that names a disk this rank no longer
+writes (the mapping changed) goes to the home disk's, where the disk check of :func:`_keep` drops it as stale, as a
+one-disk rank always did.
+
 The stale drop matches on location only: this store owns (deployment, rank) and its writer does not exist yet, so
 nobody else can have written an entry naming its slots, and a touch must not save a stale entry.
 """
@@ -51,7 +56,7 @@ import numpy as np
 from ..errors import L3StoreError
 from ..disk.format import FORMAT_VERSION, PayloadKind
 from .index import IndexEntry, KeySpace, L3Index, namespace_and_kind
-from .kinds import KindState
+from .kinds import KindDisks, KindState
 
 __all__ = ["ColdStart", "apply", "load_kind", "slab_verdict"]
 
@@ -98,30 +103,31 @@ def _no_cyclic_gc():
             gc.enable()
 
 
-def apply(mode: str, index: L3Index, keys: KeySpace, rank: int, disk: int,
-          kinds: Mapping[PayloadKind, KindState], prior_meta: Mapping[PayloadKind, "dict | None"],
+def apply(mode: str, index: L3Index, keys: KeySpace, rank: int,
+          kinds: Mapping[PayloadKind, KindDisks], prior_meta: Mapping[tuple[PayloadKind, int], "dict | None"],
           deferred: Collection[PayloadKind] = ()) -> ColdStart:
-    """``prior_meta``: each open kind's slab sidecar as the previous owner left it (read before this open rewrote
-    it). ``deferred``: kinds the config sizes on its own that are not open yet (``load`` leaves their entries for
-    :func:`load_kind`, run when the store adds the kind)."""
+    """``prior_meta``: each open (kind, disk) slab's sidecar as the previous owner left it (read before this open
+    rewrote it). ``deferred``: kinds the config sizes on its own that are not open yet (``load`` leaves their entries
+    for :func:`load_kind`, run when the store adds the kind)."""
     with _no_cyclic_gc():
-        return _apply(mode, index, keys, rank, disk, kinds, prior_meta, deferred)
+        return _apply(mode, index, keys, rank, kinds, prior_meta, deferred)
 
 
-def _apply(mode, index, keys, rank, disk, kinds, prior_meta, deferred) -> ColdStart:
+def _apply(mode, index, keys, rank, kinds, prior_meta, deferred) -> ColdStart:
     if mode == "clear":
-        index.delete_for(keys.deployment, rank)  # every namespace; by position if the index is damaged
-        for st in kinds.values():
-            st.pool.reset()
+        index.delete_for(keys.deployment, rank)  # every namespace and disk; by position if the index is damaged
+        for grp in kinds.values():
+            for st in grp.parts:
+                st.pool.reset()
         return ColdStart(mode, 0, 0)
     # One scan of the deployment's range (every namespace), not a key search per entry: a damaged key must neither
     # end the walk nor hide the entries after it.
     scan = index.scan(keys.deployment)
-    done = _place(scan.items, keys, rank, disk, kinds, prior_meta, deferred)
+    done = _place(scan.items, keys, rank, kinds, prior_meta, deferred)
     return _commit(index, scan, done)
 
 
-def _place(items, keys: KeySpace, rank: int, disk: int, kinds, prior_meta, deferred, only=None) -> "_Placed":
+def _place(items, keys: KeySpace, rank: int, kinds, prior_meta, deferred, only=None) -> "_Placed":
     """Sort this rank's entries onto their slabs and keep what may be kept (module docstring). ``only``: one kind."""
     # This store's own keys by their KeySpace prefix: one slice and one dict lookup per entry (the load's cost is
     # this loop, so it stays O(1) per entry and allocation-free for other ranks' entries).
@@ -143,9 +149,10 @@ def _place(items, keys: KeySpace, rank: int, disk: int, kinds, prior_meta, defer
                 continue
         if only is not None and kind is not only:
             continue
-        st = kinds.get(kind)
-        if st is None:
+        grp = kinds.get(kind)
+        if grp is None:
             continue  # a kind this store does not open (yet): nobody writes its slab meanwhile, its entries stay
+        st = grp.on(item[1].disk) or grp.home  # another disk than this rank's: _keep finds it stale
         target = st.slab_of(ns, own)
         if target is None:
             placed.stale.append(item)  # several slabs of the kind and no sidecar lists its namespace
@@ -153,11 +160,11 @@ def _place(items, keys: KeySpace, rank: int, disk: int, kinds, prior_meta, defer
         per_slab.setdefault(id(target), (st, target, []))[2].append(item)
     for st, target, its in per_slab.values():
         if target is st:
-            why = slab_verdict(st, prior_meta.get(st.kind))
+            why = slab_verdict(st, prior_meta.get((st.kind, st.disk)))
             if why is not None:
                 _discard(st.kind, its, why, rank, placed.stale, placed.discarded)
                 continue
-            best = _keep(st.num_slots, its, disk, placed.stale)
+            best = _keep(st.num_slots, its, st.disk, placed.stale)
             st.pool.rebuild_from_allocated(np.fromiter(best, dtype=np.int64, count=len(best)))
             st.lru.load([(key, e.last_access, slot) for slot, (key, e) in best.items()])
         else:
@@ -165,7 +172,7 @@ def _place(items, keys: KeySpace, rank: int, disk: int, kinds, prior_meta, defer
                 _discard(st.kind, its, f"its slab {target.path} cannot be vouched for", rank, placed.stale,
                          placed.discarded)
                 continue
-            best = _keep(target.num_slots, its, disk, placed.stale)
+            best = _keep(target.num_slots, its, st.disk, placed.stale)
             target.lru.load([(key, e.last_access, slot) for slot, (key, e) in best.items()])
         mine = sum(1 for key, _ in best.values() if key[:plen] in ours)
         placed.loaded += mine
@@ -191,14 +198,14 @@ def _commit(index, scan, placed: "_Placed") -> ColdStart:
     return ColdStart("load", placed.loaded, len(placed.stale), tuple(placed.discarded), placed.other)
 
 
-def load_kind(index: L3Index, keys: KeySpace, rank: int, disk: int, st: KindState,
-              prior_meta: "dict | None") -> ColdStart:
-    """``load`` for one kind a store adds after open, before the writer owns its pool: the same rule as
+def load_kind(index: L3Index, keys: KeySpace, rank: int, grp: KindDisks,
+              prior_meta: Mapping[tuple[PayloadKind, int], "dict | None"]) -> ColdStart:
+    """``load`` for one kind a store adds after open, before the writer owns its pools: the same rule as
     :func:`apply` (index entries alone, no slab read; a slab it cannot vouch for keeps none), over this rank's
-    entries of that kind only, every namespace (nobody else writes this rank's slabs of it)."""
+    entries of that kind only, every namespace and disk (nobody else writes this rank's slabs of it)."""
     with _no_cyclic_gc():
         scan = index.scan(keys.deployment)
-        done = _place(scan.items, keys, rank, disk, {st.kind: st}, {st.kind: prior_meta}, (), only=st.kind)
+        done = _place(scan.items, keys, rank, {grp.kind: grp}, prior_meta, (), only=grp.kind)
         return _commit(index, scan, done)
 
 

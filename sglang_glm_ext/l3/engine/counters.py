@@ -6,7 +6,7 @@ the data path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["Counters"]
 
@@ -31,3 +31,12 @@ class Counters:
     gc_reclaimed: int = 0
     freed: int = 0
     data_path_errors: int = 0  # unexpected exceptions turned into misses
+    # disk index -> reload pages whose read failed there (EIO...): in stats()["per_disk"], not a flat counter
+    disk_read_errors: dict = field(default_factory=dict)
+
+    def flat(self) -> dict:
+        """The plain counters (``stats()``'s flat keys)."""
+        return {k: v for k, v in vars(self).items() if k != "disk_read_errors"}
+
+    def read_error(self, disk: int) -> None:
+        self.disk_read_errors[disk] = self.disk_read_errors.get(disk, 0) + 1

@@ -38,9 +38,10 @@ _EFFECT = {
 
 
 class WritePath:
-    def __init__(self, name: str, rank: int, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, name: str, rank: int, clock: Callable[[], float] = time.monotonic, where: str = ""):
         self.name = name
         self.rank = rank
+        self.where = where  # " disk 2" for one of a rank's several disks, so the log says which drive
         self.failing = False
         self.failures = 0           # every failure ever (monotonic)
         self._since = 0.0
@@ -64,14 +65,14 @@ class WritePath:
             self._logged = now >= self._quiet_until
             if self._logged:
                 self._quiet_until = now + MIN_GAP_S
-                log.warning("L3 rank %d: %s failing (%s): %s; logged again at most every %.0f s while it lasts, "
-                            "and when it recovers", self.rank, _WHAT.get(self.name, self.name), why,
+                log.warning("L3 rank %d%s: %s failing (%s): %s; logged again at most every %.0f s while it lasts, "
+                            "and when it recovers", self.rank, self.where, _WHAT.get(self.name, self.name), why,
                             _EFFECT.get(self.name, "counted"), REPEAT_S, exc_info=exc_info)
             return
         self._in_state += 1
         if now >= self._next_summary:
             self._next_summary = now + REPEAT_S
-            log.warning("L3 rank %d: %s still failing: %d failures in %.0f s (last: %s)", self.rank,
+            log.warning("L3 rank %d%s: %s still failing: %d failures in %.0f s (last: %s)", self.rank, self.where,
                         _WHAT.get(self.name, self.name), self._in_state, now - self._since, self._last)
 
     def ok(self) -> None:
@@ -84,19 +85,32 @@ class WritePath:
             return
         self.failing = False
         if self._logged:
-            log.info("L3 rank %d: %s resumed after %d failures over %.1f s (last: %s)", self.rank,
+            log.info("L3 rank %d%s: %s resumed after %d failures over %.1f s (last: %s)", self.rank, self.where,
                      _WHAT.get(self.name, self.name), self._in_state, now - self._since, self._last)
 
 
 class Health:
-    """The write paths of one store: ``slab`` and ``index`` (what a full disk fails), ``writer`` (a bug the writer
-    thread survived: logged with its traceback once per episode, never per round)."""
+    """The write paths of one store: ``slab`` per disk and ``index`` (what a full or failing disk fails), ``writer``
+    (a bug the writer thread survived: logged with its traceback once per episode, never per round).
 
-    def __init__(self, rank: int, clock: Callable[[], float] = time.monotonic):
-        self.slab = WritePath("slab", rank, clock)
+    A rank with several disks has a slab path per disk (``slab_on``): one drive failing is its own episode, logged
+    with the disk's index, and the writer steers new pages away from it (writer.py) while the others stay ok."""
+
+    def __init__(self, rank: int, clock: Callable[[], float] = time.monotonic, disks: "tuple[int, ...]" = (0,)):
+        several = len(disks) > 1
+        self.slabs = {d: WritePath("slab", rank, clock, f" disk {d}" if several else "") for d in disks}
+        self.slab = self.slabs[disks[0]]  # the home disk's (a one-disk rank's only one)
         self.index = WritePath("index", rank, clock)
         self.writer = WritePath("writer", rank, clock)
 
+    def slab_on(self, disk: int) -> WritePath:
+        return self.slabs.get(disk, self.slab)
+
     def failing(self) -> list[str]:
-        """The disk paths failing right now (``stats()['write_path_failing']``)."""
-        return [p.name for p in (self.slab, self.index) if p.failing]
+        """The write paths failing right now (``stats()['write_path_failing']``): ``slab`` while any of the rank's
+        disks fails its writes (``failing_disks`` says which), ``index``."""
+        out = ["slab"] if any(p.failing for p in self.slabs.values()) else []
+        return out + (["index"] if self.index.failing else [])
+
+    def failing_disks(self) -> list[int]:
+        return [d for d, p in self.slabs.items() if p.failing]

@@ -1,5 +1,10 @@
 """One payload kind of a rank: its geometry and slab (fixed at open) and what the writer thread owns for it.
 
+A rank with several disks (``ranks.mapping`` entry ``[0, 1, ...]``) has one :class:`KindState` per (kind, disk): its
+own slab, slot pool, LRU and retired slabs on that disk, sized by its share of that disk. :class:`KindDisks` holds a
+kind's states, home disk first, and says on which of them a new page goes (:meth:`KindDisks.preferred`). A one-disk
+rank has one state per kind, as before.
+
 The writer thread is the only one that touches ``pool``, ``lru`` and ``retired`` once it runs (no lock on any);
 the cold start fills them before the writer exists. Every other thread reads only the fixed fields.
 
@@ -12,6 +17,7 @@ hold counts against this kind's share of the budget, so this slab's capacity (``
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -19,7 +25,7 @@ from typing import Any, Iterator
 from ..disk.format import PayloadKind
 from .slot_pool import SlotPool
 
-__all__ = ["KindState", "PageLRU", "RetiredSlab", "HEAP_SLACK"]
+__all__ = ["KindState", "KindDisks", "PageLRU", "RetiredSlab", "HEAP_SLACK", "placement_bits"]
 
 HEAP_SLACK = 64  # heap items allowed beyond 2x the live pages before a compaction
 
@@ -109,6 +115,7 @@ class KindState:
     lru: PageLRU  # every page of this slab, whatever its namespace (GC's order)
     retired: list = field(default_factory=list)  # RetiredSlab: the kind's slabs of other slot sizes
     namespaces: set = field(default_factory=set)  # namespaces this slab's sidecar lists (its entries map here)
+    disk: int = 0  # the config's disk index this slab (and every retired one beside it) lives on
 
     def grant(self) -> int:
         """Slots of this slab the budget allows now: the kind's share minus what its retired slabs hold."""
@@ -125,3 +132,56 @@ class KindState:
             if ns in r.namespaces:
                 return r
         return None if self.retired else self
+
+
+def placement_bits(content_hash: bytes) -> int:
+    """The bits of a page's key that choose its disk: bytes 8-16, not the first 8, which choose the page's writer
+    among a node's ranks (hicache/cp_writers.py). With the same bits, every page one writer owns would satisfy
+    ``h % n == r`` and, with as many disks as writers, land on one disk."""
+    return int.from_bytes(content_hash[8:16], "little")
+
+
+class KindDisks:
+    """One payload kind's slabs on each of a rank's disks: a :class:`KindState` per disk, home disk first.
+
+    Geometry (``kind``, ``page_bytes``, ``slot_bytes``) is the kind's, the same on every disk; what a page needs for
+    its own slab is in the state of the disk its index entry names (:meth:`on`). Where a new page goes: the disk its
+    content hash picks, each disk taking a share of the hash space in proportion to its slots (a disk with twice
+    the budget fills at the same rate as the others, so their GC watermarks are reached together and eviction stays
+    close to one LRU over the rank); the writer steps to the next disk when that one is failing or backed up
+    (writer.py). The choice is a function of the key alone, so nothing about it needs to be stored: the index entry
+    records where the page went."""
+
+    def __init__(self, states: "list[KindState]"):
+        if not states:
+            raise ValueError("a kind needs at least one disk")
+        self.parts: tuple[KindState, ...] = tuple(states)
+        first = self.parts[0]
+        self.kind, self.page_bytes, self.slot_bytes = first.kind, first.page_bytes, first.slot_bytes
+        self._by_disk = {st.disk: st for st in self.parts}
+        total = sum(st.num_slots for st in self.parts)
+        acc, bounds = 0, []
+        for st in self.parts[:-1]:
+            acc += st.num_slots
+            bounds.append((acc << 64) // total)
+        self._bounds = bounds  # cumulative shares of [0, 2**64): disk i takes [bounds[i-1], bounds[i])
+
+    @property
+    def home(self) -> KindState:
+        return self.parts[0]
+
+    def on(self, disk: int) -> "KindState | None":
+        """The kind's state on ``disk``, or None when this rank does not write that disk."""
+        return self._by_disk.get(disk)
+
+    def preferred(self, content_hash: bytes) -> int:
+        """Index into :attr:`parts` of the disk a new page goes to when every disk takes pages."""
+        if len(self.parts) == 1:
+            return 0
+        return bisect.bisect_right(self._bounds, placement_bits(content_hash))
+
+    def __iter__(self):
+        return iter(self.parts)
+
+    def __len__(self) -> int:
+        return len(self.parts)

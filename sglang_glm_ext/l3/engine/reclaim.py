@@ -7,7 +7,9 @@ header names a different page (a miss), never another page's bytes. Deletes are 
 naming the same (rank, disk, slot), so one rank never deletes another rank's newer entry.
 
 GC is a page-level LRU per kind between watermarks: ``pool.used / total >= gc.start`` activates it; each round
-reclaims at most ``gc.budget_per_round`` of the coldest pages until ``used <= gc.stop``.
+reclaims at most ``gc.budget_per_round`` of the coldest pages until ``used <= gc.stop``. A rank with several
+disks has a pool per (kind, disk), each with its own watermarks: a disk's pages are reclaimed to make room on that
+disk (its index entries name it), and a failing disk's pool simply stops filling.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from .counters import Counters
 from ..disk.format import PayloadKind
 from .health import Health
 from .index import IndexEntry, L3Index, split_key
-from .kinds import KindState
+from .kinds import KindDisks, KindState
 from .slab_set import settle
 
 __all__ = ["Collector"]
@@ -32,13 +34,12 @@ _BACKOFF_MAX_S = 2.0
 class Collector:
     """The writer's reclaims for one rank. Touches only the pools and LRUs of ``kinds`` (writer-owned)."""
 
-    def __init__(self, config: L3Config, index: L3Index, kinds: Mapping[PayloadKind, KindState], *, rank: int,
-                 disk: int, namespace: bytes, counters: Counters, health: "Health | None" = None):
+    def __init__(self, config: L3Config, index: L3Index, kinds: Mapping[PayloadKind, KindDisks], *, rank: int,
+                 namespace: bytes, counters: Counters, health: "Health | None" = None):
         self.config = config
         self.index = index
         self.kinds = kinds
         self.rank = rank
-        self.disk = disk
         self.namespace = namespace
         self.c = counters
         self.health = health or Health(rank)
@@ -69,15 +70,19 @@ class Collector:
         self._backoff = self._retry_at = 0.0
 
     # ------------------------------------------------------------------ GC
+    def states(self):
+        """Every (kind, disk) pool of the rank."""
+        return [st for grp in self.kinds.values() for st in grp.parts]
+
     def gc_active(self) -> bool:
-        return not self.backing_off() and any(st.lru.active for st in self.kinds.values())
+        return not self.backing_off() and any(st.lru.active for st in self.states())
 
     def round(self) -> int:
         """One bounded GC round per pool over its start watermark. Returns pages reclaimed. The watermarks are of the
         pool's capacity (``pool.limit``); beside slabs of other page sizes a pool with no capacity yet is full."""
         cfg = self.config
         n = 0
-        for st in self.kinds.values():
+        for st in self.states():
             cap = st.pool.limit
             used = st.pool.used / cap if cap else (1.0 if st.retired else 0.0)
             if not st.lru.active and used >= cfg.gc_start:
@@ -111,7 +116,7 @@ class Collector:
             cands = cands[:budget]
         if not cands:
             return 0
-        res = self.index.delete_if([(key, IndexEntry(self.rank, self.disk, slot, la)) for la, key, slot, _, _ in cands],
+        res = self.index.delete_if([(key, IndexEntry(self.rank, st.disk, slot, la)) for la, key, slot, _, _ in cands],
                                    newer_than_wins=True)
         if res is None:  # could not commit: keep them, try again after a pause
             for la, key, slot, lru, _ in cands:
@@ -146,7 +151,7 @@ class Collector:
         try:
             settle(st)
         except OSError as e:  # the reserve of the grown capacity failed (a full disk): it stays as it is
-            self.health.slab.failed(f"{st.kind.label}: reserving a grown capacity: {e}")
+            self.health.slab_on(st.disk).failed(f"{st.kind.label}: reserving a grown capacity: {e}")
 
     # ------------------------------------------------------------------ free / verify failure
     def free(self, kind: PayloadKind, keys) -> None:
@@ -163,13 +168,14 @@ class Collector:
             self._refused()
             return
         self._worked()
-        st = self.kinds[kind]
+        grp = self.kinds[kind]
         for (key, e), deleted in zip(items, res):
             if deleted is not True:
                 continue
             if freed:
                 self.c.freed += 1
-            if e.rank == self.rank and e.disk == self.disk:
+            st = grp.on(e.disk) if e.rank == self.rank else None
+            if st is not None:
                 cur = st.lru.current.pop(key, None)
                 if cur is not None and cur[1] == e.slot:
                     st.pool.free(e.slot)
@@ -178,20 +184,23 @@ class Collector:
 
     # ------------------------------------------------------------------ clear
     def keep_only(self, entries: list[tuple[bytes, IndexEntry]]) -> None:
-        """Every pool, LRU map and heap := exactly the given entries of this rank that name this disk (a clear, or
-        what survived a failed one), each on the slab it names (``KindState.slab_of``, as at a ``load``): this slab's
-        pool and LRU, or a retired slab's LRU; then emptied retired slabs go and the capacity grows."""
+        """Every pool, LRU map and heap := exactly the given entries of this rank that name one of its disks (a
+        clear, or what survived a failed one), each on the slab it names (its disk's state, then
+        ``KindState.slab_of``, as at a ``load``): that slab's pool and LRU, or a retired slab's LRU; then emptied
+        retired slabs go and the capacity grows."""
         by_kind: dict[int, list[tuple[bytes, IndexEntry]]] = {int(k): [] for k in self.kinds}
         for key, e in entries:
             at = by_kind.get(split_key(key).kind)
             if at is not None:
                 at.append((key, e))
-        for st in self.kinds.values():
+        for st in self.states():
             live: dict[int, set] = {}
             current: dict[int, dict] = {}
             for key, e in by_kind[int(st.kind)]:
+                if e.disk != st.disk:
+                    continue
                 target = st.slab_of(split_key(key).namespace, self.namespace)
-                if target is None or e.disk != self.disk or not 0 <= e.slot < target.num_slots \
+                if target is None or not 0 <= e.slot < target.num_slots \
                         or e.slot in live.setdefault(id(target), set()):
                     continue
                 live[id(target)].add(e.slot)

@@ -114,8 +114,9 @@ class Reloader:
         self._inflight_lock = threading.Lock()
         self.pool = ThreadPoolExecutor(config.reload_threads, thread_name_prefix=f"l3-rd-r{rank}")
         for r in range(config.num_ranks):
-            for kind in kinds:
-                self._open(r, config.disk_for_rank(r), kind)
+            for d in config.disks_for_rank(r):
+                for kind in kinds:
+                    self._open(r, d, kind)
 
     def add_kind(self, kind: PayloadKind, slot_bytes: int) -> None:
         """Readers of one more kind (``L3Store.add_kind``): opened by the first reload that needs each slab."""
@@ -208,6 +209,8 @@ class Reloader:
                 touched.append((ikeys[i], Touch(entries[i], ts)))
             elif why is ReloadMiss.ERROR:
                 self.c.data_path_errors += 1
+                if entries[i] is not None:
+                    self.c.read_error(entries[i].disk)  # which drive failed it (stats()["per_disk"])
             elif why is ReloadMiss.BAD_DST:
                 self.c.reload_bad_dst += 1
             elif blames_entry(why):

@@ -59,16 +59,16 @@ def _open_retired(config: L3Config, rank: int, path: str, seq: Iterator[int]) ->
 
 def open_kind(config: L3Config, *, rank: int, disk: int, kind: PayloadKind, page_bytes: int, slot_bytes: int,
               num_slots: int, ns_digest: bytes, seq: Iterator[int]) -> "tuple[KindState, dict | None]":
-    """This rank's slab of one kind (created, resized to a new budget, or checked against its geometry), the slabs of
-    other slot sizes beside it, and the slab's sidecar as the previous owner left it (read before it is rewritten
-    here: a ``load`` cold start keeps a slab's entries only if it shows this format and geometry). Loud on failure
-    (:class:`L3StoreError` / ``SlabError``); nothing it opened stays open then."""
-    path = slab_path_for(config, rank, kind, slot_bytes)
+    """This rank's slab of one kind on ``disk`` (created, resized to a new budget, or checked against its geometry),
+    the slabs of other slot sizes beside it, and the slab's sidecar as the previous owner left it (read before it is
+    rewritten here: a ``load`` cold start keeps a slab's entries only if it shows this format and geometry). Loud on
+    failure (:class:`L3StoreError` / ``SlabError``); nothing it opened stays open then."""
+    path = slab_path_for(config, rank, kind, slot_bytes, disk)
     retired: list[RetiredSlab] = []
     slab = None
     try:
         check_slab_owner(path, config.deployment_id, rank)  # before anything resizes a file
-        for other in kind_slabs(config, rank, kind):
+        for other in kind_slabs(config, rank, kind, disk):
             if other != path:
                 retired.append(_open_retired(config, rank, other, seq))
         # Beside other slabs the capacity is settled after the cold start (settle): nothing is preallocated here.
@@ -87,7 +87,7 @@ def open_kind(config: L3Config, *, rank: int, disk: int, kind: PayloadKind, page
         raise
     pool = SlotPool(num_slots, limit=0 if retired else num_slots)
     state = KindState(kind, page_bytes, slot_bytes, num_slots, slab, pool, PageLRU(seq), retired=retired,
-                      namespaces=slab_namespaces(prior) if not slab.created else set())
+                      namespaces=slab_namespaces(prior) if not slab.created else set(), disk=disk)
     return state, prior
 
 

@@ -9,8 +9,11 @@ Who owns what (the full table, and a page's path from ``spill`` to the slab and 
   memory and verifies the bytes there (reload.py), on the caller's thread plus a small read pool.
 * ONE writer thread (writer.py) owns every slot pool and page LRU; its committer thread (committer.py) makes
   batches durable; every reclaim (reclaim.py) deletes the index entry before the slot is reused.
-* ``open`` wires them, in this order: owner lock -> slab directory -> PLP -> slabs + sidecars -> index -> cold
+* ``open`` wires them, in this order: owner lock -> slab directories -> PLP -> slabs + sidecars -> index -> cold
   start (coldstart.py, before the writer exists) -> staging, readers, writer.
+* A rank with several disks (``ranks.mapping`` entry ``[0, 1, ...]``) has a slab per (kind, disk), each sized by the
+  rank's share of that disk; the writer places each new page on one of them (writer.py), and everything else
+  follows the index entry, which names the disk.
 
 Invariants (the crash-safety argument is in docs_internal/l3_design.md):
 
@@ -55,7 +58,7 @@ from ..errors import L3OwnerLockedError, L3StoreError
 from ..disk.format import PAYLOAD_OFFSET, Namespace, PayloadKind, key_to_bytes, slot_bytes_for
 from ..disk.fsutil import make_private_dirs
 from .index import KeySpace, L3Index, deployment_tag
-from .kinds import KindState
+from .kinds import KindDisks, KindState
 from .messages import AddKind, Admission, ClearRank, Completion, FreePages
 from ..disk.owner_lock import OwnerLock, OwnerLockHeld
 from .reload import Reloader, content_hashes, layout_mismatch
@@ -113,20 +116,21 @@ class SharedStore:
         # another deployment never verifies here even if the two ever share slab files.
         self.ns = namespace.digest_for(config.deployment_id)
         self.dep = deployment_tag(config.deployment_id)
-        self.disk = config.disk_for_rank(rank)
+        self.disk = config.disk_for_rank(rank)  # home disk (the only one unless the mapping lists several)
+        self.disks = config.disks_for_rank(rank)
         self.cold_start = mode
         self.c = Counters()
         self._closed = False
         self._warned: set[str] = set()
         self._keys = KeySpace(self.dep, self.ns)
-        self._kinds: dict[PayloadKind, KindState] = {}
+        self._kinds: dict[PayloadKind, KindDisks] = {}
         self._reloader: Reloader | None = None
         self._add_lock = threading.Lock()
         self.index: L3Index | None = None
         self._owner: OwnerLock | None = None
 
         slot_bytes = {k: slot_bytes_for(n) for k, n in kinds.items()}
-        nslots = config.slots_per_kind(rank, {k.label: b for k, b in slot_bytes.items()})
+        nslots = {d: config.slots_per_kind(rank, {k.label: b for k, b in slot_bytes.items()}, d) for d in self.disks}
         sdir = config.slab_dir(rank)
         # One live owner per (deployment, rank) on an index, taken before anything is created or deleted for it.
         try:
@@ -140,36 +144,40 @@ class SharedStore:
             raise L3StoreError(f"index.path: cannot take the owner lock for rank {rank} in "
                                f"{config.index_path!r}: {e}") from e
         try:
-            self._open_owned(kinds, slot_bytes, nslots, sdir, mode)
+            self._open_owned(kinds, slot_bytes, nslots, mode)
         except BaseException:
             self._close_files()
             raise
 
-    def _open_owned(self, kinds: dict[PayloadKind, int], slot_bytes, nslots, sdir: str, mode: str) -> None:
+    def _open_owned(self, kinds: dict[PayloadKind, int], slot_bytes, nslots, mode: str) -> None:
         """The rest of open, run once this store owns (deployment, rank): slabs, PLP, index, cold start, threads."""
         config, rank = self.config, self.rank
-        try:
-            # Before the PLP probe, which must see the disk's own device. Missing directories owner-only;
-            # existing ones (the configured disk path, a pre-made deployment directory) keep their mode.
-            make_private_dirs(sdir)
-            if not os.access(sdir, os.W_OK):
-                raise PermissionError(errno.EACCES, "not writable", sdir)
-        except OSError as e:
-            raise L3StoreError(f"disks[{self.disk}].path: cannot create slab directory {sdir!r}: {e}") from e
+        self.plps = {}
+        for d in self.disks:
+            ddir = config.slab_dir(rank, d)
+            try:
+                # Before the PLP probe, which must see the disk's own device. Missing directories owner-only;
+                # existing ones (the configured disk path, a pre-made deployment directory) keep their mode.
+                make_private_dirs(ddir)
+                if not os.access(ddir, os.W_OK):
+                    raise PermissionError(errno.EACCES, "not writable", ddir)
+            except OSError as e:
+                raise L3StoreError(f"disks[{d}].path: cannot create slab directory {ddir!r}: {e}") from e
 
-        # Power-loss protection: decided once per disk, loud when require_plp and the disk is not known safe.
-        try:
-            self.plp = probe_plp(config.disks[self.disk].path, plp=config.plp)
-            check_plp(self.plp, config.require_plp)
-        except Exception as e:
-            raise L3StoreError(f"disks[{self.disk}]: power-loss protection check failed: {e}") from e
+            # Power-loss protection: decided once per disk, loud when require_plp and the disk is not known safe.
+            try:
+                self.plps[d] = probe_plp(config.disks[d].path, plp=config.plp)
+                check_plp(self.plps[d], config.require_plp)
+            except Exception as e:
+                raise L3StoreError(f"disks[{d}]: power-loss protection check failed: {e}") from e
+        self.plp = self.plps[self.disk]
 
         self._seq = itertools.count(1)  # one LRU push order across the kinds
-        prior_meta: dict[PayloadKind, dict | None] = {}  # each slab's sidecar as the previous owner left it
+        prior_meta: dict[tuple[PayloadKind, int], dict | None] = {}  # each slab's sidecar as its last owner left it
         try:
             for kind, pb in kinds.items():
-                self._kinds[kind], prior_meta[kind] = self._open_kind(kind, pb, slot_bytes[kind],
-                                                                      nslots[kind.label])
+                self._kinds[kind] = self._open_kind(kind, pb, slot_bytes[kind],
+                                                    {d: n[kind.label] for d, n in nslots.items()}, prior_meta)
             self.index = L3Index.open(config.index_path, config.index_map_size)
         except Exception as e:
             self._close_files()
@@ -181,9 +189,10 @@ class SharedStore:
         # Entries of kinds the config sizes alone but that are not open yet wait for add_kind (load_kind).
         deferred = [k for k in map(PayloadKind.parse, config.addable_kinds) if k not in self._kinds]
         try:
-            done = coldstart.apply(mode, self.index, self._keys, rank, self.disk, self._kinds, prior_meta, deferred)
-            for st in self._kinds.values():  # slabs of other page sizes: emptied ones go, the capacity is settled
-                slab_set.settle(st, punch=True)
+            done = coldstart.apply(mode, self.index, self._keys, rank, self._kinds, prior_meta, deferred)
+            for grp in self._kinds.values():  # slabs of other page sizes: emptied ones go, the capacity is settled
+                for st in grp.parts:
+                    slab_set.settle(st, punch=True)
         except Exception as e:
             self._close_files()
             if isinstance(e, L3StoreError):
@@ -194,26 +203,36 @@ class SharedStore:
 
         self._staging = StagingPool(config.staging_bytes, slot_bytes)
         self._staged = StagedPages(self._staging, max_inflight=config.max_inflight,
-                                   batch_pages=config.write_batch_pages)
+                                   batch_pages=config.write_batch_pages * len(self.disks))
         self._reloader = Reloader(config, rank, self._kinds, self.ns, index=self.index, keys=self._keys,
                                   staged=self._staged, counters=self.c, warn_once=self._warn_once,
                                   note_reloads=lambda *a: self._writer.note_reloads(*a))
-        self._writer = Writer(config, rank=rank, disk=self.disk, keys=self._keys, index=self.index,
+        self._writer = Writer(config, rank=rank, keys=self._keys, index=self.index,
                               kinds=self._kinds, staged=self._staged, counters=self.c)
         self._writer.start()
 
-    def _open_kind(self, kind: PayloadKind, page_bytes: int, slot_bytes: int,
-                   num_slots: int) -> "tuple[KindState, dict | None]":
-        """This rank's slab of one kind and the slabs of other slot sizes beside it (slab_set.py), and the slab's
-        sidecar as the previous owner left it (a ``load`` keeps a slab's entries only if it vouches for them)."""
-        state, prior = slab_set.open_kind(self.config, rank=self.rank, disk=self.disk, kind=kind,
-                                          page_bytes=page_bytes, slot_bytes=slot_bytes, num_slots=num_slots,
-                                          ns_digest=self.ns, seq=self._seq)
-        if self.config.test_write_delay_ms:
-            log.warning("L3 rank %d %s: TEST-ONLY slow disk, every slab write sleeps %d ms "
-                        "(SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS)", self.rank, kind.label, self.config.test_write_delay_ms)
-            state.slab.inject_write_fault(slow_write(self.config.test_write_delay_ms / 1000.0))
-        return state, prior
+    def _open_kind(self, kind: PayloadKind, page_bytes: int, slot_bytes: int, num_slots: Mapping[int, int],
+                   prior_meta: dict) -> KindDisks:
+        """This rank's slab of one kind on each of its disks and the slabs of other slot sizes beside each
+        (slab_set.py); each slab's sidecar as the previous owner left it goes into ``prior_meta[(kind, disk)]`` (a
+        ``load`` keeps a slab's entries only if it vouches for them). Nothing stays open if one disk fails."""
+        states: list[KindState] = []
+        try:
+            for d in self.disks:
+                st, prior_meta[(kind, d)] = slab_set.open_kind(
+                    self.config, rank=self.rank, disk=d, kind=kind, page_bytes=page_bytes, slot_bytes=slot_bytes,
+                    num_slots=num_slots[d], ns_digest=self.ns, seq=self._seq)
+                states.append(st)
+                if self.config.test_write_delay_ms:
+                    log.warning("L3 rank %d %s disk %d: TEST-ONLY slow disk, every slab write sleeps %d ms "
+                                "(SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS)", self.rank, kind.label, d,
+                                self.config.test_write_delay_ms)
+                    st.slab.inject_write_fault(slow_write(self.config.test_write_delay_ms / 1000.0))
+        except BaseException:
+            for st in states:
+                slab_set.close_kind(st)
+            raise
+        return KindDisks(states)
 
     def add_kind(self, kind, page_bytes: int, timeout: float = 30.0) -> None:
         """Serve one more payload kind from now on (SGLang registers sidecar draft host pools after the storage
@@ -233,9 +252,10 @@ class SharedStore:
             if self._closed:
                 raise L3StoreError(f"rank {self.rank}'s L3 store is closed; cannot add {kind.label}")
             sb = slot_bytes_for(page_bytes)
-            n = self.config.slots_for_kind(self.rank, kind.label, sb)
+            n = {d: self.config.slots_for_kind(self.rank, kind.label, sb, d) for d in self.disks}
+            prior: dict = {}
             try:
-                state, prior = self._open_kind(kind, page_bytes, sb, n)
+                state = self._open_kind(kind, page_bytes, sb, n, prior)
             except (L3StoreError, L3ConfigError):
                 raise
             except Exception as e:
@@ -243,9 +263,9 @@ class SharedStore:
             try:
                 loaded = 0
                 if self.cold_start == "load":
-                    loaded = coldstart.load_kind(self.index, self._keys, self.rank, self.disk, state,
-                                                  prior).loaded_pages
-                slab_set.settle(state, punch=True)  # (under clear the open already deleted the rank's entries)
+                    loaded = coldstart.load_kind(self.index, self._keys, self.rank, state, prior).loaded_pages
+                for st in state.parts:
+                    slab_set.settle(st, punch=True)  # (under clear the open already deleted the rank's entries)
                 self._staging.add_kind(kind, sb)
                 self._reloader.add_kind(kind, sb)
                 done = Completion()
@@ -255,7 +275,8 @@ class SharedStore:
                                        f"{timeout} s")
             except BaseException:
                 if kind not in self._kinds:
-                    slab_set.close_kind(state)
+                    for st in state.parts:
+                        slab_set.close_kind(st)
                 raise
             self.loaded_pages += loaded
 
@@ -515,9 +536,14 @@ class SharedStore:
         benchmarks and shutdown (``close`` flushes)."""
         return self._writer.flush(timeout)
 
-    def slab(self, kind) -> Any:
-        """This rank's writable ``DiskSlab`` for ``kind`` (fault injection in tests, diagnostics)."""
-        return self._kinds[PayloadKind.parse(kind)].slab
+    def slab(self, kind, disk: "int | None" = None) -> Any:
+        """This rank's writable ``DiskSlab`` for ``kind`` on ``disk`` (its home disk by default) (fault injection in
+        tests, diagnostics)."""
+        grp = self._kinds[PayloadKind.parse(kind)]
+        st = grp.home if disk is None else grp.on(disk)
+        if st is None:
+            raise L3StoreError(f"rank {self.rank} writes no slab on disk {disk} (its disks: {list(self.disks)})")
+        return st.slab
 
     def locate(self, kind, key) -> "tuple[int, int, int] | None":
         """Where a durable page lives: (rank, disk, slot) of its committed index entry, or None (absent, only
@@ -536,14 +562,20 @@ class SharedStore:
             inflight = self._staged.inflight
         out = {
             "rank": self.rank,
-            "disk": self.disk,
+            "disk": self.disk,  # the home disk
+            "disks": list(self.disks),
             "cold_start": self.cold_start,
             "cold_start_loaded_pages": self.loaded_pages,  # pages a `load` cold start kept (0 after `clear`)
-            "io_mode": {k.label: getattr(st.slab, "io_mode", None) for k, st in kinds},
-            # total: the slots this slab may use now (its capacity: beside a slab of another page size, what the
-            # budget leaves); retired: pages still held in the kind's slabs of other page sizes.
-            "slots": {k.label: {"used": st.pool.used, "total": st.pool.limit,
-                                "retired": sum(len(r.lru.current) for r in tuple(st.retired))} for k, st in kinds},
+            "io_mode": {k.label: getattr(grp.home.slab, "io_mode", None) for k, grp in kinds},
+            # total: the slots this kind's slabs may use now (its capacity: beside a slab of another page size, what
+            # the budget leaves), over the rank's disks; retired: pages still held in its slabs of other page sizes.
+            "slots": {k.label: {"used": sum(st.pool.used for st in grp.parts),
+                                "total": sum(st.pool.limit for st in grp.parts),
+                                "retired": sum(len(r.lru.current) for st in grp.parts for r in tuple(st.retired))}
+                      for k, grp in kinds},
+            # Per disk of the rank: durable pages, slots, write failures and shed pages (writer.disk_stats), misses
+            # from read errors there: a slow or failing drive shows here, and only there.
+            "per_disk": self._per_disk(),
             "cold_start_other_namespace_pages": self.other_namespace_pages,  # kept by `load`, of other models
             "inflight": inflight,
             "max_inflight": self.config.max_inflight,
@@ -560,7 +592,7 @@ class SharedStore:
             "staging_peak_bytes": self._staging.peak_allocated,
             "staging_cap_bytes": self._staging.cap,
         }
-        out.update(vars(self.c))
+        out.update(self.c.flat())
         out["index_full"] += self.index.index_full if self.index else 0
         out["index_write_errors"] = self.index.write_errors if self.index else 0
         out["index_stale_readers_cleared"] = self.index.stale_readers_cleared if self.index else 0
@@ -579,9 +611,16 @@ class SharedStore:
         self._staging.close()
         self._close_files()
 
+    def _per_disk(self) -> dict:
+        out = self._writer.disk_stats()
+        for d, row in out.items():
+            row["read_errors"] = self.c.disk_read_errors.get(d, 0)
+        return out
+
     def _close_files(self) -> None:
-        for st in self._kinds.values():
-            slab_set.close_kind(st)
+        for grp in self._kinds.values():
+            for st in grp.parts:
+                slab_set.close_kind(st)
         if self._reloader is not None:
             self._reloader.close_readers()
         if self.index is not None:
@@ -753,8 +792,8 @@ class L3Store:
     def stats(self) -> dict:
         return self._shared.stats()
 
-    def slab(self, kind) -> Any:
-        return self._shared.slab(kind)
+    def slab(self, kind, disk: "int | None" = None) -> Any:
+        return self._shared.slab(kind, disk)
 
     def locate(self, kind, key) -> "tuple[int, int, int] | None":
         return self._shared.locate(kind, key)

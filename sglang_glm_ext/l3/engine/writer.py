@@ -9,6 +9,17 @@ reach the shared index at most once a second (coalesced, max-only), so other ran
 ``free``, ``clear``, ``add_kind`` and ``flush`` barriers first wait for every commit in flight, so no commit of an older spill
 can land after them. Every control operation is acknowledged, also when it fails: ``flush`` waits for the count
 and ``clear`` for its :class:`~.messages.Completion`, so one failure never makes later ones time out.
+
+Several disks per rank (``ranks.mapping`` entry ``[0, 1, ...]``): each disk has its own I/O pool and its own
+committer (its own fdatasync and index commit per batch), so a slow drive's writes or fdatasync never hold another
+drive's batches. A round takes up to ``write_batch_pages`` pages per disk and places each new page on the disk its
+key picks (``KindDisks.preferred``), stepping to the next disk in ring order when that one cannot take it this
+round: its slab writes are failing (``Health.slab_on``; it gets one probe page every :data:`_PROBE_S` so its
+recovery is noticed), its committer already holds a full backlog (a slow drive), or its pool has no slot even
+after a GC reclaim. So a slow or failing drive sheds new pages to the others and costs only the pages it holds
+(and, while it fails, the few it is probed with). When every working drive is backed up, the round waits until one
+of them finishes a batch (backpressure, as on one disk, but never on a stalled drive while another drains); when no
+drive works, a page goes where its key says and its write fails there, counted, as on one failing disk.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from .counters import Counters
 from ..disk.format import PayloadKind, seal_blob
 from .health import Health
 from .index import IndexEntry, KeySpace, L3Index
-from .kinds import KindState
+from .kinds import KindDisks, KindState
 from .messages import (AddKind, Barrier, ClearRank, ControlOp, Failure, FreePages, PendingWrite, StagedPage, Touch, WriteOutcome, WriteResult, failure)
 from .reclaim import Collector
 from .staging import StagedPages
@@ -39,6 +50,10 @@ log = logging.getLogger(__name__)
 _TOUCH_PERSIST_INTERVAL_S = 1.0  # reload touches reach the shared index at most this often (coalesced)
 _MAX_BATCH_WAIT_S = 0.002  # the writer waits this long for a batch to fill before writing what it has
 _READER_CHECK_INTERVAL_S = 30.0  # the writer clears dead processes' LMDB reader slots at most this often
+_PROBE_S = 1.0  # a disk whose slab writes fail gets one new page this often (is it back?); the rest go elsewhere
+# Batches a disk's committer holds at most without blocking the writer (one committing, two in its queue): a disk
+# that has them all gets no new page in a round (a slow drive sheds its pages to the others).
+_BACKLOG = 3
 
 
 def _write_slot(slab, slot: int, buf: AlignedBuffer) -> "Failure | None":
@@ -55,11 +70,11 @@ class Writer:
     """The caller-side methods (``post``, ``note_reloads``, ``flush``, ``stop``) may be called from any thread;
     everything else runs on the writer thread. The hand-off state is guarded by ``staged.cond``."""
 
-    def __init__(self, config: L3Config, *, rank: int, disk: int, keys: KeySpace, index: L3Index,
-                 kinds: Mapping[PayloadKind, KindState], staged: StagedPages, counters: Counters):
+    def __init__(self, config: L3Config, *, rank: int, keys: KeySpace, index: L3Index,
+                 kinds: Mapping[PayloadKind, KindDisks], staged: StagedPages, counters: Counters):
         self.config = config
         self.rank = rank
-        self.disk = disk
+        self.disks = config.disks_for_rank(rank)
         self.keys = keys
         self.index = index
         self.kinds = kinds
@@ -80,15 +95,32 @@ class Writer:
         self._touch_pending: dict[bytes, int] = {}
         self._touch_flushed_at = time.monotonic()
         self._reader_checked_at = time.monotonic()
-        self.health = Health(rank)  # writer thread only: every failure counted, logged once per change of state
-        self.reclaim = Collector(config, index, kinds, rank=rank, disk=disk, namespace=keys.namespace,
+        # writer thread only: every failure counted, logged once per change of state (a slab path per disk)
+        self.health = Health(rank, disks=self.disks)
+        self.reclaim = Collector(config, index, kinds, rank=rank, namespace=keys.namespace,
                                  counters=counters, health=self.health)
-        self._io = ThreadPoolExecutor(config.io_threads, thread_name_prefix=f"l3-io-r{rank}")
-        self._committer = Committer(index, rank=rank, disk=disk, deliver=self._committed, name=f"l3-commit-r{rank}")
+        # Per disk: its own I/O threads and committer, so one drive's slow writes or fdatasync hold only its pages.
+        several = len(self.disks) > 1
+        self._io = {d: ThreadPoolExecutor(config.io_threads,
+                                          thread_name_prefix=f"l3-io-r{rank}" + (f"d{d}" if several else ""))
+                    for d in self.disks}
+        self._committers = {d: Committer(index, rank=rank, disk=d, deliver=self._committed,
+                                         name=f"l3-commit-r{rank}" + (f"d{d}" if several else ""))
+                            for d in self.disks}
+        self._backlog = {d: 0 for d in self.disks}  # batches submitted to each disk's committer, not yet applied
+        self._probed_at = {d: 0.0 for d in self.disks}
+        self.disk_write_errors = {d: 0 for d in self.disks}  # pages whose write or fdatasync failed, per disk
+        self.disk_shed = {d: 0 for d in self.disks}  # new pages their key placed on a disk that could not take them
         self._thread = threading.Thread(target=self._main, name=f"l3-writer-r{rank}", daemon=True)
 
+    @property
+    def batch_pages(self) -> int:
+        """Pages one round takes: a batch per disk."""
+        return self.config.write_batch_pages * len(self.disks)
+
     def start(self) -> None:
-        self._committer.start()
+        for c in self._committers.values():
+            c.start()
         self._thread.start()
 
     # ------------------------------------------------------------------ any thread
@@ -142,15 +174,31 @@ class Writer:
             self._stop = True
             self.cond.notify_all()
         self._thread.join(timeout)
-        self._io.shutdown(wait=True)
+        for io in self._io.values():
+            io.shutdown(wait=True)
 
     def stats(self) -> dict:
+        states = [st for grp in tuple(self.kinds.values()) for st in grp.parts]  # a kind may be added meanwhile
         return {
             "write_path_failing": self.health.failing(),  # "slab" / "index" while a full disk refuses them
             "control_queue_depth": len(self._ctl),
             "pending_touches": len(self._touch_in),
-            "gc_heap_items": sum(len(st.lru.heap) for st in tuple(self.kinds.values())),  # a kind may be added
+            "gc_heap_items": sum(len(st.lru.heap) for st in states),
         }
+
+    def disk_stats(self) -> dict:
+        """Per disk of this rank (``stats()["per_disk"]``): durable pages and slots of every kind on it, whether its
+        slab writes are failing, pages whose write failed there and new pages it shed to the others."""
+        out = {d: {"pages": 0, "slots_used": 0, "slots_total": 0, "write_failing": self.health.slab_on(d).failing,
+                   "write_errors": self.disk_write_errors[d], "shed_pages": self.disk_shed[d],
+                   "commit_backlog": self._backlog[d]} for d in self.disks}
+        for grp in tuple(self.kinds.values()):
+            for st in grp.parts:
+                row = out[st.disk]
+                row["pages"] += len(st.lru.current)
+                row["slots_used"] += st.pool.used
+                row["slots_total"] += st.pool.limit
+        return out
 
     # ------------------------------------------------------------------ writer thread
     def _has_work(self) -> bool:
@@ -158,7 +206,7 @@ class Writer:
                     or self._bad_in or self.reclaim.gc_active())
 
     def _main(self) -> None:
-        batch_max = self.config.write_batch_pages
+        batch_max = self.batch_pages
         staged = self.staged
         while True:
             with self.cond:
@@ -194,23 +242,21 @@ class Writer:
                         staged.finish(page)
                     self.cond.notify_all()
         self._apply_commits(block=True)
-        self._committer.stop()
+        for c in self._committers.values():
+            c.stop()
         self._maybe_persist_touches(force=True)
 
     # Pipeline: the writer allocates, seals and submits batch N+1 while the committer waits for batch N's writes,
     # fdatasyncs and commits its index entries; the writer then applies batch N's results.
     def _submit(self, batch: list[StagedPage]) -> None:
-        pending: list[PendingWrite] = []
+        pending: dict[int, list[PendingWrite]] = {}
         skipped: list[StagedPage] = []
+        room = self._round_room() if len(self.disks) > 1 else None
         for page in batch:
-            st = self.kinds[page.kind]
             if page.cancelled:
                 skipped.append(page)
                 continue
-            slot = st.pool.alloc()
-            if slot is None and not self.reclaim.backing_off():
-                self.reclaim.reclaim_coldest(st, self.config.gc_budget_per_round)
-                slot = st.pool.alloc()
+            st, slot = self._place(self.kinds[page.kind], page.content_hash, room)
             if slot is None:
                 self.c.dropped_pool_full += 1
                 skipped.append(page)
@@ -218,21 +264,70 @@ class Writer:
             try:
                 seal_blob(page.buf.view, kind=page.kind, content_hash=page.content_hash,
                           ns_digest=self.keys.namespace, payload_len=st.page_bytes)
-                written = self._io.submit(_write_slot, st.slab, slot, page.buf)
+                written = self._io[st.disk].submit(_write_slot, st.slab, slot, page.buf)
             except Exception as e:
                 self._write_failed(st, slot, failure(e))
                 skipped.append(page)
                 continue
-            pending.append(PendingWrite(page, st, slot, written))
+            pending.setdefault(st.disk, []).append(PendingWrite(page, st, slot, written))
         if skipped:
             with self.cond:
                 for page in skipped:
                     self.staged.finish(page)
                 self.cond.notify_all()
-        if pending:
+        for disk, writes in pending.items():
             with self.cond:
                 self._commits_inflight += 1
-            self._committer.submit(pending)  # bounded: a slow disk stalls the writer, never the callers
+                self._backlog[disk] += 1
+            # Bounded: a slow disk stalls the writer, never the callers. With several disks a round places no page
+            # on a disk whose backlog is full (_round_room), so this never waits for one drive while another could
+            # take the pages.
+            self._committers[disk].submit(writes)
+
+    def _round_room(self) -> dict[int, "int | None"]:
+        """New pages each disk may take this round: None (any), 1 (a failing disk's probe) or 0 (none: its slab
+        writes fail and its probe is not due, or its committer holds a full backlog). When every disk that works
+        is backed up, wait until one of them finishes a batch (backpressure, as on one disk -- but on whichever
+        drive frees first, never on a stalled one while the others drain). When none works, nothing is left out:
+        pages then go where their key says, and fail there (counted), as on one failing disk."""
+        while True:
+            now = time.monotonic()
+            health = {d: (1 if now - self._probed_at[d] >= _PROBE_S else 0) if self.health.slab_on(d).failing
+                      else None for d in self.disks}
+            room = {d: 0 if self._backlog[d] >= _BACKLOG else r for d, r in health.items()}
+            if any(r != 0 for r in room.values()) or all(r == 0 for r in health.values()):
+                return room
+            with self.cond:  # a commit delivered (or the 0.5 s tick: a probe may come due) ends the wait
+                if not self._completed:
+                    self.cond.wait(0.5)
+            self._apply_commits(block=False)
+
+    def _place(self, grp: KindDisks, content_hash: bytes, room: "dict[int, int | None] | None"
+               ) -> "tuple[KindState, int | None]":
+        """The disk and slot a new page is written to (module docstring). One disk: its pool, GC reclaiming the
+        coldest pages when it is full. Several: the key's disk first, then the others in ring order, each only if
+        it has room this round (``_round_room``); none has: the key's disk."""
+        parts = grp.parts
+        first = grp.preferred(content_hash)
+        if room is None:
+            order = [parts[first]]
+        else:
+            ring = [parts[(first + i) % len(parts)] for i in range(len(parts))]
+            order = [st for st in ring if room[st.disk] != 0] or [parts[first]]
+        for st in order:
+            slot = st.pool.alloc()
+            if slot is None and not self.reclaim.backing_off():
+                self.reclaim.reclaim_coldest(st, self.config.gc_budget_per_round)
+                slot = st.pool.alloc()
+            if slot is not None:
+                if room is not None:
+                    if st is not parts[first]:
+                        self.disk_shed[parts[first].disk] += 1
+                    if room.get(st.disk) == 1:
+                        room[st.disk] = 0  # the probe page is placed
+                        self._probed_at[st.disk] = time.monotonic()
+                return st, slot
+        return order[0], None
 
     def _committed(self, results: list[WriteResult]) -> None:
         """Committer thread: hand a finished batch back."""
@@ -252,6 +347,7 @@ class Writer:
                     return
                 results = self._completed.popleft()
             committed = index_failed = None
+            disk = results[0].state.disk if results else None
             for r in results:
                 st = r.state
                 if r.outcome is WriteOutcome.OK:
@@ -285,9 +381,11 @@ class Writer:
             elif committed:
                 self.health.index.ok()
             if committed or index_failed is not None:
-                self.health.slab.ok()  # the batch's writes and fdatasync went through
+                self.health.slab_on(disk).ok()  # the batch's writes and fdatasync went through
             with self.cond:
                 self._commits_inflight -= 1
+                if disk in self._backlog:
+                    self._backlog[disk] -= 1
                 for r in results:
                     # durable: committed here, or the same page committed first (a dedup); what ack = "durable" waits for
                     r.page.durable = r.outcome is WriteOutcome.OK or r.outcome is WriteOutcome.DEDUP
@@ -296,7 +394,9 @@ class Writer:
 
     def _write_failed(self, st: KindState, slot: int, err: "Failure | None") -> None:
         self.c.write_errors += 1
-        self.health.slab.failed(f"{st.kind.label} slot {slot}: {err}")
+        self.disk_write_errors[st.disk] = self.disk_write_errors.get(st.disk, 0) + 1
+        self._probed_at[st.disk] = time.monotonic()  # a failure is as good as a probe: the next one _PROBE_S on
+        self.health.slab_on(st.disk).failed(f"{st.kind.label} slot {slot}: {err}")
         st.pool.free(slot)
 
     def _apply_reload_outcomes(self) -> None:
@@ -310,8 +410,8 @@ class Writer:
             # newer commit of the same page into the same slot.
             self.reclaim.reclaim(kind, [(key, entry)], exact=True)
         for (kind, key), (entry, ts) in touches.items():
-            st = self.kinds[kind]
-            if entry.rank == self.rank and entry.disk == self.disk:
+            st = self.kinds[kind].on(entry.disk) if entry.rank == self.rank else None
+            if st is not None:
                 cur = st.lru.current.get(key)
                 if cur is not None and cur[1] == entry.slot and ts > cur[0]:
                     st.lru.record(key, ts, entry.slot)

@@ -352,7 +352,7 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
         # Slot pass: every slab of every (rank, disk) the config maps, an entry names or a directory exists for (a
         # rank may have slabs on several disks), headers only (the trailer; the slot start only where the trailer
         # holds no v2 header, to name a v1 blob).
-        pairs = {(r, config.disk_for_rank(r)) for r in range(config.num_ranks)}
+        pairs = {(r, d) for r in range(config.num_ranks) for d in config.disks_for_rank(r)}
         pairs |= {(r, d) for r in range(config.num_ranks) for d in range(len(config.disks))
                   if os.path.isdir(config.slab_dir(r, d))}
         pairs |= {(e.rank, e.disk) for _, e in scan.items if 0 <= e.disk < len(config.disks)}
