@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 from ..declare import Feature, Flag, PluginFlagError
 from .config import CP_L3_COLD_START
+from .tools.fio import FIO_ENV
 
 ENABLE_CP_L3 = Flag("enable_cp_l3", "Enable the durable L3 disk tier for HiCache (needs --cp-l3-config).",
                     "bool", False, switch=True)
@@ -79,6 +80,6 @@ def _check_disks(cfg, path: str) -> None:
 FEATURE = Feature(
     "l3", "durable L3 disk tier for HiCache: SGLang's storage backend (one rank), engine, fsck, bench, demo",
     "163-180, 231-250, 251-281, 367-392, 393-425, 426-457, 458-486, 476-521",
-    flags=(ENABLE_CP_L3, CP_L3_CONFIG), env=(CP_L3_COLD_START,),
+    flags=(ENABLE_CP_L3, CP_L3_CONFIG), env=(CP_L3_COLD_START, FIO_ENV),
     validate=validate,
 )
