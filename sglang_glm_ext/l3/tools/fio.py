@@ -33,14 +33,12 @@ import sys
 import tempfile
 import time
 
-from ...declare import EnvVar
+__all__ = ["ENV", "GRIDS", "ENGINES", "find_fio", "pick_engine", "sweep", "point", "parse_point", "render",
+           "load_sweeps", "lay_out", "file_bytes_for"]
 
-__all__ = ["FIO_ENV", "GRIDS", "ENGINES", "find_fio", "pick_engine", "sweep", "point", "parse_point", "render",
-           "load_sweeps"]
-
-FIO_ENV = EnvVar("SGLANG_GLM_EXT_FIO", "",
-                 "fio binary that `sglang-glm-ext l3 bench` measures the disk's limit with, where `--fio` is not "
-                 "given (else fio on PATH; none: the bench says so and keeps its own raw reference).")
+# Where fio is, when --fio does not say (declared as l3's FIO_ENV in feature.py, the README's table). This module
+# imports nothing of the package: the bench loads it from beside itself, also against another tree's engine.
+ENV = "SGLANG_GLM_EXT_FIO"
 
 # (iodepth, numjobs) points. "full" is the issue's 4 x 4; "small" keeps the informative edges (depth alone, jobs
 # alone, products up to 64 in flight) in 10 points: 2 kinds x 2 block sizes x 10 x (3 s + ~0.5 s) ~ 2.5 minutes.
@@ -58,7 +56,7 @@ def find_fio(explicit: "str | None" = None) -> "tuple[str | None, str]":
     if explicit:
         cands = [("--fio", explicit)]
     else:
-        cands = [(FIO_ENV.name, os.environ.get(FIO_ENV.name) or None), ("PATH", shutil.which("fio"))]
+        cands = [(ENV, os.environ.get("SGLANG_GLM_EXT_FIO") or None), ("PATH", shutil.which("fio"))]
         if cands[0][1]:
             cands = cands[:1]
     tried = []
@@ -70,7 +68,7 @@ def find_fio(explicit: "str | None" = None) -> "tuple[str | None, str]":
             return c, why
         tried.append(f"{how} {c}: {why}")
     if not tried:
-        return None, (f"fio not found (not given with --fio, ${FIO_ENV.name} unset, none on PATH); install it "
+        return None, (f"fio not found (not given with --fio, ${ENV} unset, none on PATH); install it "
                       "(apt-get install fio) or carry a static build (scripts/gpu/l3_limit_ab.sh)")
     return None, "fio unusable: " + "; ".join(tried)
 
@@ -179,8 +177,8 @@ def point(fio: str, kind: str, block_bytes: int, path: str, file_bytes: int, sec
     return row
 
 
-def _layout(fio: str, path: str, size: int) -> str:
-    """Write the file once (sequential O_DIRECT, psync) so a read-only sweep reads allocated blocks."""
+def lay_out(fio: str, path: str, size: int) -> str:
+    """Write the file once (sequential O_DIRECT, psync) so a read-only sweep reads allocated blocks. '' or why not."""
     if os.path.exists(path) and os.path.getsize(path) >= size:
         return ""
     d, why, _ = _run_fio(fio, ["--name=layout", *_common(path, 1 << 20, "psync"), "--rw=write", f"--size={size}",
@@ -212,7 +210,7 @@ def sweep(kind: str, block_bytes: int, dir: str, size_bytes: int, seconds: float
     rows: list = []
     notes = ""
     try:
-        why = _layout(path_fio, path, size)
+        why = lay_out(path_fio, path, size)
         if why:
             return None, f"fio could not lay out {path}: {why}"
         if engine is None:
@@ -272,7 +270,7 @@ def main(argv=None) -> int:
                     help="block sizes (default: the slots of GLM-5's 3,274,752 B page and of a 1 MiB page)")
     ap.add_argument("--grid", default="small", choices=sorted(GRIDS))
     ap.add_argument("--engine", default=None, choices=ENGINES)
-    ap.add_argument("--fio", default=None, help=f"fio binary (default: ${FIO_ENV.name}, then PATH)")
+    ap.add_argument("--fio", default=None, help=f"fio binary (default: ${ENV}, then PATH)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     out = []

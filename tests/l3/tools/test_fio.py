@@ -4,51 +4,10 @@ the real one runs too where it is (PATH, $SGLANG_GLM_EXT_FIO)."""
 
 import json
 import os
-import stat
-import sys
 
 import pytest
 
 from sglang_glm_ext.l3.tools import fio
-
-FAKE = r'''#!{python}
-"""A stand-in for fio: prints a note on stdout (as fio does), writes fio's JSON shape to --output. Throughput is
-0.25 GB/s per I/O in flight up to 8 (so the best point is known); engines in $FAKE_FIO_REFUSE fail."""
-import json, os, sys
-if sys.argv[1:] == ["--version"]:
-    print("fio-3.33-fake"); sys.exit(0)
-a = dict(x[2:].split("=", 1) for x in sys.argv[1:] if x.startswith("--") and "=" in x)
-with open(os.environ["FAKE_FIO_LOG"], "a") as log:
-    log.write(json.dumps(a) + "\n")
-if a["ioengine"] in os.environ.get("FAKE_FIO_REFUSE", "").split(","):
-    print("fio: engine not loadable", file=sys.stderr); sys.exit(1)
-size = int(a["size"]) * (int(a.get("numjobs", 1)) if "offset_increment" in a else 1)
-if a["rw"] == "write" and (not os.path.exists(a["filename"]) or os.path.getsize(a["filename"]) < size):
-    with open(a["filename"], "ab") as f:
-        f.truncate(size)
-inflight = int(a.get("iodepth", 1)) * int(a.get("numjobs", 1))
-bw = int(0.25e9 * min(inflight, 8))
-side = {{"bw_bytes": bw, "iops": bw / int(a["bs"]), "io_bytes": bw * 2, "clat_ns": {{"mean": 1.5e6}}}}
-none = {{"bw_bytes": 0, "iops": 0, "io_bytes": 0, "clat_ns": {{"mean": 0}}}}
-job = {{"jobname": a["name"], "error": 0, "usr_cpu": 1.0, "sys_cpu": 2.0,
-       "read": side if "read" in a["rw"] else none, "write": side if a["rw"] == "write" else none}}
-print("note: both iodepth >= 1 and synchronous I/O engine are selected, queue depth will be capped at 1")
-with open(a["output"], "w") as f:
-    json.dump({{"fio version": "fio-3.33-fake", "jobs": [job]}}, f)
-'''
-
-
-@pytest.fixture
-def fake_fio(tmp_path, monkeypatch):
-    path = tmp_path / "bin" / "fio"
-    path.parent.mkdir()
-    path.write_text(FAKE.format(python=sys.executable))
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    log = tmp_path / "fio_calls.jsonl"
-    monkeypatch.setenv("FAKE_FIO_LOG", str(log))
-    monkeypatch.delenv(fio.FIO_ENV.name, raising=False)
-    return path, log
-
 
 def calls(log):
     return [json.loads(line) for line in log.read_text().splitlines()]
@@ -100,10 +59,10 @@ def test_where_fio_is_found(fake_fio, tmp_path, monkeypatch):
     assert got is None and "fio not found" in why and "apt-get install fio" in why
     monkeypatch.setenv("PATH", str(path.parent))
     assert fio.find_fio() == (str(path), "fio-3.33-fake")
-    monkeypatch.setenv(fio.FIO_ENV.name, str(tmp_path / "nope"))  # the env var names one: that one, or a reason
+    monkeypatch.setenv(fio.ENV, str(tmp_path / "nope"))  # the env var names one: that one, or a reason
     got, why = fio.find_fio()
-    assert got is None and f"{fio.FIO_ENV.name} {tmp_path / 'nope'}: not an executable file" in why
-    monkeypatch.setenv(fio.FIO_ENV.name, str(path))
+    assert got is None and f"{fio.ENV} {tmp_path / 'nope'}: not an executable file" in why
+    monkeypatch.setenv(fio.ENV, str(path))
     assert fio.find_fio()[0] == str(path)
     got, why = fio.find_fio(str(tmp_path / "nope"))  # --fio wins, and is not silently replaced
     assert got is None and why.startswith("fio unusable: --fio")
@@ -111,7 +70,7 @@ def test_where_fio_is_found(fake_fio, tmp_path, monkeypatch):
 
 def test_no_fio_means_none_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.delenv(fio.FIO_ENV.name, raising=False)
+    monkeypatch.delenv(fio.ENV, raising=False)
     res, why = fio.sweep("write", 8192, str(tmp_path), 10**6, 0.2)
     assert res is None and "fio not found" in why
 
