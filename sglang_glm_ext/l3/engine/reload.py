@@ -71,11 +71,18 @@ __all__ = ["Reloader", "blames_entry", "content_hashes", "layout_mismatch", "VEC
 VECTORED = True
 
 # Layer-first pages are hashed chunk by chunk with xxhash's update(), which python-xxhash runs holding the GIL for
-# pieces of 64 KiB or less (XXHASH_GIL_MINSIZE in its _xxhash.c): GLM-5's 41,984 B and a 1 MiB page's 16 KiB
-# chunks. HASH_LAYER_FIRST_NOGIL = True hashes them through ctypes calls into the same library instead
-# (XXH3_64bits_update per chunk, the GIL released for each call, ~1 us per call). MEASURED_GIL (below) says which
-# was chosen and why.
-HASH_LAYER_FIRST_NOGIL = False
+# pieces of 64 KiB or less (XXHASH_GIL_MINSIZE in its _xxhash.c): GLM-5's 41,984 B and a 1 MiB page's 16 KiB chunks,
+# so while a layer-first page is checked, a reader whose read completed waits for the GIL to issue its next one.
+# The alternative, ctypes calls into the same library (XXH3_64bits_update_dispatch per chunk: the GIL released for
+# each call, ~1 us of call overhead), was measured against it on the store's own reload path, same pages,
+# interleaved (benchmark/l3_layer_first_gil.py, 1 GB, 2-core dev VM at load 9-14, median (min-max) of 3 rounds):
+#   1 MiB pages, 4 readers:   update() 1.01 (0.92-1.07) GB/s, 0.296 CPU s/GB; ctypes 0.89 (0.88-1.04), 0.427;
+#                             page-first (one-shot, GIL released) 0.95 (0.89-1.06), 0.218
+#   1 MiB pages, 16 readers:  update() 1.13 (0.97-1.22), 0.266; ctypes 1.07 (0.97-1.13), 0.443; page-first 1.09
+#   GLM-5 pages, 4 readers:   update() 1.42 (1.38-1.55), 0.201; ctypes 1.24 (1.20-1.49), 0.257; page-first 1.60
+# Releasing the GIL bought no throughput and cost 1.3-1.7x the CPU (a per-chunk address lookup included), so
+# layer-first pages keep update(). The GPU
+# machine's 16 cores are where a GIL stall would show first: scripts/gpu/l3_limit_ab.sh runs the same comparison.
 
 # Misses that say nothing against the index entry: the slab is not there (yet), or the blob is of a format version
 # this build does not know (a newer server's page during a rolling upgrade: not ours to reclaim).
