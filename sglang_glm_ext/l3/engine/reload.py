@@ -81,8 +81,8 @@ VECTORED = True
 #   1 MiB pages, 16 readers:  update() 1.13 (0.97-1.22), 0.266; ctypes 1.07 (0.97-1.13), 0.443; page-first 1.09
 #   GLM-5 pages, 4 readers:   update() 1.42 (1.38-1.55), 0.201; ctypes 1.24 (1.20-1.49), 0.257; page-first 1.60
 # Releasing the GIL bought no throughput and cost 1.3-1.7x the CPU (a per-chunk address lookup included), so
-# layer-first pages keep update(). The GPU
-# machine's 16 cores are where a GIL stall would show first: scripts/gpu/l3_limit_ab.sh runs the same comparison.
+# layer-first pages keep update(). The GPU machine's 16 cores are where a GIL stall would show first:
+# scripts/gpu/l3_limit_ab.sh runs the same comparison there.
 
 # Misses that say nothing against the index entry: the slab is not there (yet), or the blob is of a format version
 # this build does not know (a newer server's page during a rolling upgrade: not ours to reclaim).
