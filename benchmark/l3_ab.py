@@ -23,8 +23,14 @@ import time
 
 # (label, json key, unit, higher is better)
 _METRICS = [("spill GB/s", "spill_gbps", "GB/s", True), ("raw write GB/s", "raw_write_gbps", "GB/s", True),
+            ("fio best write GB/s (paired points)", "fio_write_gbps", "GB/s", True),
+            ("  spill / fio best write (target >= 0.9x)", "spill_vs_fio", "x", True),
             ("spill CPU s/GB", "spill_cpu_s_per_gb", "s/GB", False),
+            ("fio write CPU s/GB", "fio_write_cpu_s_per_gb", "s/GB", False),
             ("raw read GB/s", "raw_read_gbps", "GB/s", True),
+            ("fio best rand read GB/s (paired points)", "fio_read_gbps", "GB/s", True),
+            ("fio read CPU s/GB", "fio_read_cpu_s_per_gb", "s/GB", False),
+            ("reload_threads (reads in flight)", "reload_threads", "", True),
             ("raw read+xxh3 in place CPU s/GB (page-first)", "raw_read_xxh3_page_first_cpu_s_per_gb", "s/GB", False),
             ("raw read+xxh3 in place CPU s/GB (layer-first)", "raw_read_xxh3_layer_first_cpu_s_per_gb", "s/GB",
              False)]
@@ -44,7 +50,13 @@ def _rows(runs: dict[str, list[dict]]) -> list[str]:
            f"after/before", "-" * 132]
 
     def vals(side, page, key):
-        return [r[key] for run in runs[side] for r in run["results"] if r["page_bytes"] == page and key in r]
+        """Every run's value (a list, e.g. one paired ratio per repeat, counts each of its items)."""
+        out = []
+        for run in runs[side]:
+            for r in run["results"]:
+                if r["page_bytes"] == page and r.get(key) is not None:
+                    out.extend(r[key] if isinstance(r[key], list) else [r[key]])
+        return out
 
     def paired(side, page, name, what):
         """Each repeat's ratio within its adjacent pair (bench.py), over every run of the side."""
@@ -68,6 +80,8 @@ def _rows(runs: dict[str, list[dict]]) -> list[str]:
                  paired("after", page, name, "gbps_vs_raw"))
             line(page, "  / raw read+xxh3 in place", paired("before", page, name, "gbps_vs_raw_xxh3"),
                  paired("after", page, name, "gbps_vs_raw_xxh3"))
+            line(page, "  / fio best rand read (target >= 0.9x)", vals("before", page, f"reload_{name}_vs_fio"),
+                 vals("after", page, f"reload_{name}_vs_fio"))
             line(page, f"reload {tag} CPU s/GB", vals("before", page, c), vals("after", page, c))
             line(page, "  / raw read+xxh3 in place (target <= 1.2x)", paired("before", page, name, "cpu_vs_raw_xxh3"),
                  paired("after", page, name, "cpu_vs_raw_xxh3"))

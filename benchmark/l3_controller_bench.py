@@ -7,7 +7,10 @@ rotated every round (a virtual disk's speed drifts; rotation biases no side):
 
 * ``raw``: O_DIRECT writes of the same slot-sized transfers (the page copied into an aligned buffer, as the store
   copies it into staging) on as many threads as the store's I/O pool, one fdatasync at the end; O_DIRECT reads
-  back on as many threads, each page copied into the host pool.
+  back on as many threads, each slot read straight into the host page (one vectored read: the page's own bytes,
+  then a small tail buffer for pad and header), as the store reads. Where O_DIRECT cannot land in the host page
+  (its address or length does not fit the alignment the file system reports), each slot is read into an aligned
+  buffer and copied, and the output says why (``raw_read_mode``).
 * ``ours (controller)``: SGLang's ``HybridCacheController._page_backup`` (what the backup thread runs: 128-page
   batches, ``page_set_func``) with the L3 backend's zero-copy ``batch_set_v1``, then ``flush`` (fdatasync'ed and
   committed = durable); then ``_page_transfer`` (what the prefetch I/O thread runs, ``batch_get_v1``) into the
@@ -76,6 +79,9 @@ class Raw:
         self.path, self.slot, self.page, self.threads = path, slot, page, threads
         self.bufs = [_aligned(slot) for _ in range(threads)]
         self.arrs = [np.frombuffer(b.view, np.uint8) for b in self.bufs]
+        self.tail_bufs: list = []  # pad + header of a slot read straight into a host page
+        self.tails: list = []
+        self.read_mode = "not run"
 
     def _each(self, n: int, fn) -> None:
         """fn(thread, i) for i = t, t + T, ... on T threads: sequential offsets interleaved across threads."""
@@ -115,24 +121,49 @@ class Raw:
         finally:
             os.close(fd)
 
-    def read(self, n: int, dst) -> float:
-        """``dst(i, payload)`` takes page i's bytes (the copy into the host page)."""
+    def read(self, n: int, host) -> float:
+        """Read page i into ``host(i)`` (a flat uint8 array of the page: its host page): straight in where O_DIRECT
+        can land there, else through an aligned buffer and a copy; ``self.read_mode`` says which and why."""
+        from sglang_glm_ext.l3.disk.dio_align import probe_dio_alignment
+
         fd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
         try:
+            self.read_mode = self._direct_into(probe_dio_alignment(fd), host(0))
+            direct = self.read_mode == "straight into the host page"
             t0 = time.perf_counter()
 
             def one(t, i):
-                os.preadv(fd, [self.bufs[t].view], i * self.slot)
-                dst(i, self.arrs[t][:self.page])
+                dst = host(i)
+                if direct:
+                    os.preadv(fd, [dst, self.tails[t]], i * self.slot)
+                else:
+                    os.preadv(fd, [self.bufs[t].view], i * self.slot)
+                    np.copyto(dst, self.arrs[t][:self.page])
 
             self._each(n, one)
             return time.perf_counter() - t0
         finally:
             os.close(fd)
 
+    def _direct_into(self, align, page0) -> str:
+        """Can a slot's O_DIRECT read land in the host page itself (the page's bytes, then a tail for pad and
+        header)? The host pages must sit at memory-aligned addresses and the page be a whole number of the file
+        system's direct-I/O blocks."""
+        addr, stride = page0.ctypes.data, self.page
+        if addr % align.mem or stride % align.mem:
+            return (f"copied from an aligned buffer: host pages at {addr % align.mem} B past the {align.mem} B "
+                    f"memory alignment O_DIRECT needs here ({align.source})")
+        if self.page % align.offset:
+            return (f"copied from an aligned buffer: the {self.page} B page is not a whole number of {align.offset} B "
+                    f"direct-I/O blocks ({align.source})")
+        if not self.tail_bufs:
+            self.tail_bufs = [_aligned(self.slot - self.page) for _ in range(self.threads)]
+            self.tails = [b.view for b in self.tail_bufs]
+        return "straight into the host page"
+
     def close(self):
-        self.arrs = []  # the arrays export the buffers: drop them before the mappings close
-        for b in self.bufs:
+        self.arrs, self.tails = [], []  # views export the buffers: drop them before the mappings close
+        for b in self.bufs + self.tail_bufs:
             b.close()
         if os.path.exists(self.path):
             os.unlink(self.path)
@@ -224,7 +255,7 @@ def run_controller(args) -> dict:
     be, cc, fcc = ours.backend, ours.controller, theirs.controller
     assert type(be).__name__ == "L3HiCacheStorage" and type(theirs.backend).__name__ == "HiCacheFile"
     assert cc.page_set_func == cc._page_set_zero_copy and cc.page_get_func == cc._page_get_zero_copy
-    store, plan, kind = be.store, be.plans["kv"], be.kinds["kv"]
+    store, plan, kind = be.store, be.plan.kv.plan, be.plan.kv.kind  # the attach plan (hicache/plan.py)
     assert plan.page_bytes == kv_page
     host_pages = min(args.host_pages, ours.host_pool("kv").page_num - 1, theirs.host_pool("kv").page_num - 1)
     ps = spec.page_size
@@ -356,7 +387,7 @@ def run_controller(args) -> dict:
 
     def side_raw(r):
         w = raw.write(n, lambda i: ref[i % host_pages])
-        rd = raw.read(n, lambda i, payload: np.copyto(host_view(ours, i % host_pages), payload))
+        rd = raw.read(n, lambda i: host_view(ours, i % host_pages))
         return w, rd
 
     sides = {"raw": side_raw, "ours": side_ours, "engine": side_engine, "hicache_file": side_file,
@@ -378,6 +409,7 @@ def run_controller(args) -> dict:
                 print(f"  round {r} {name:<13} write {n * kv_page / w / 1e9:6.2f} GB/s  read "
                       f"{n * kv_page / rd / 1e9:6.2f} GB/s", flush=True)
         io_mode = store.stats()["io_mode"]["target_kv"]
+        raw_mode = raw.read_mode
     finally:
         raw.close()
         ours.close()
@@ -387,7 +419,8 @@ def run_controller(args) -> dict:
     total = n * kv_page
     gbps = {k: {"write": total / _med(v["w"]) / 1e9, "read": total / _med(v["r"]) / 1e9} for k, v in res.items()}
     return {"mode": "controller", "pages": n, "page_bytes": kv_page, "bytes": total, "repeats": args.repeats,
-            "layout": args.layout, "io_mode": io_mode, "gbps": gbps, "seconds": res, "retries": stats["retries"]}
+            "layout": args.layout, "io_mode": io_mode, "gbps": gbps, "seconds": res, "retries": stats["retries"],
+            "raw_read_mode": raw_mode}
 
 
 # ---------------------------------------------------------------------------------------------- burst (item 8)
@@ -448,7 +481,7 @@ def run_burst(args) -> dict:
                 if not store.flush(900):
                     raise RuntimeError("flush timed out")
                 t = time.perf_counter() - t0
-                kind = be.kinds["kv"]
+                kind = be.plan.kv.kind
                 in_l3 = sum(store.exists(kind, [storage_key(k)], include_staged=False) for k in keys)
                 row = {"pages": n, "acked": acked, "in_l3": in_l3, "seconds": t,
                        "durable_gbps": in_l3 * kv_page / t / 1e9, "offered_gbps": n * kv_page / t / 1e9,
@@ -498,7 +531,10 @@ def run_engine_only(args) -> dict:
     os.makedirs(work, mode=0o700)
     rng = np.random.default_rng(0)
     ref = [rng.integers(0, 256, page, dtype=np.uint8) for _ in range(16)]
-    host = np.zeros((BATCH, page), np.uint8)
+    # Page-aligned like SGLang's pinned host pool, so both the engine and the raw reference read straight into it.
+    host_buf = _aligned(BATCH * page)
+    host = np.frombuffer(host_buf.view, np.uint8).reshape(BATCH, page)
+    host.fill(0)
     cfg = L3Config.from_dict({
         "deployment_id": "bench", "cold_start": "clear", "direct_io": "auto",
         "disks": [{"path": os.path.join(work, "disk"), "budget": (n + 2) * slot}],
@@ -542,7 +578,7 @@ def run_engine_only(args) -> dict:
 
     def side_raw(r):
         w = raw.write(n, lambda i: ref[i % 16])
-        rd = raw.read(n, lambda i, payload: np.copyto(host[i % BATCH], payload))
+        rd = raw.read(n, lambda i: host[i % BATCH])
         return w, rd
 
     sides = {"raw": side_raw, "engine": side_engine}
@@ -557,21 +593,25 @@ def run_engine_only(args) -> dict:
                 print(f"  round {r} {name:<7} write {n * page / w / 1e9:6.2f} GB/s  read {n * page / rd / 1e9:6.2f} "
                       "GB/s", flush=True)
         io_mode = store.stats()["io_mode"][kind.label]
+        raw_mode = raw.read_mode
     finally:
         store.close()
         raw.close()
+        host = None  # the array exports the mapping: dropped before it closes
+        host_buf.close()
         shutil.rmtree(work, ignore_errors=True)
     total = n * page
     gbps = {k: {"write": total / _med(v["w"]) / 1e9, "read": total / _med(v["r"]) / 1e9} for k, v in res.items()}
     return {"mode": "engine_only", "pages": n, "page_bytes": page, "bytes": total, "repeats": args.repeats,
-            "io_mode": io_mode, "gbps": gbps, "seconds": res, "retries": {"engine": retries}}
+            "io_mode": io_mode, "gbps": gbps, "seconds": res, "retries": {"engine": retries}, "raw_read_mode": raw_mode}
 
 
 # ---------------------------------------------------------------------------------------------- report
 def render(res: dict) -> str:
     g = res["gbps"]
     head = (f"{res['pages']} pages x {res['page_bytes']:,} B = {res['bytes'] / 1e9:.2f} GB per side and round, "
-            f"median of {res['repeats']}, io {res['io_mode']}, staging-full retries {res['retries']}")
+            f"median of {res['repeats']}, io {res['io_mode']}, staging-full retries {res['retries']}; raw read: "
+            f"{res.get('raw_read_mode', '-')}")
     if res["mode"] == "engine_only":
         lines = ["L3 ENGINE ALONE vs raw O_DIRECT (no SGLang here: not the controller path, no HiCacheFile)", head,
                  f"{'':<22} {'engine GB/s':>12} {'raw GB/s':>10} {'engine/raw':>11} {'target':>7}"]

@@ -70,8 +70,9 @@ def main(argv=None) -> int:
         for name, pool in hp.pools.items():
             be.register_mem_host_pool_v2(pool, PoolName(name))
         be.on_host_pools_registered()
-        store, kv_plan, idx_plan = be.store, be.plans["kv"], be.plans["indexer"]
-        kv_kind, idx_kind = be.kinds["kv"], be.kinds["indexer"]
+        pools = be.plan.pools  # the attach plan (hicache/plan.py): each served pool's PoolPlan and payload kind
+        store, kv_plan, idx_plan = be.store, pools["kv"].plan, pools["indexer"].plan
+        kv_kind, idx_kind = pools["kv"].kind, pools["indexer"].kind
         kv_plan_bytes = kv_plan.page_bytes + idx_plan.page_bytes
         hp.fill_random(1)
         total = len(pages) * kv_plan_bytes

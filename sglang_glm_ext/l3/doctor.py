@@ -1,6 +1,8 @@
 """L3's part of ``sglang-glm-ext doctor``, one part for the whole feature:
 
-* under ``hardware``, each configured L3 path: exists, O_DIRECT, free space against its budget (``l3_paths``);
+* under ``hardware``, each configured L3 path: exists, O_DIRECT, free space against its budget (``l3_paths``),
+  and the checksum's build: the xxhash version and the vector unit XXH3 runs on (``l3_checksum``; a warning, not a
+  problem, when the CPU has vector units the build leaves unused);
 * the top-level ``"l3"`` section: the backend class SGLang will build, the extra config the flag hook resolves to,
   and the L3 state on disk (index entries of this deployment, slabs per rank).
 
@@ -17,7 +19,7 @@ from typing import Any
 from ..declare import DoctorInput, DoctorPart, DoctorReporter, PluginFlagError
 from .feature import CP_L3_CONFIG, ENABLE_CP_L3
 
-__all__ = ["report", "l3_paths", "render", "render_section", "REPORTER"]
+__all__ = ["report", "l3_paths", "render", "render_section", "render_checksum", "REPORTER"]
 
 # The fix doctor shows for each L3 problem (each names the config key or path at fault; the launch refuses it alike).
 FIX = ("correct what it names in the --cp-l3-config file or on its disks (a writable directory per [[disks]] entry, "
@@ -29,7 +31,30 @@ def report(inp: DoctorInput) -> DoctorPart:
     cfg, problems = _load(path, bool(ENABLE_CP_L3.value_in(inp.values)))
     rows = l3_paths(cfg, path, problems) if cfg is not None else []
     section = _section(inp.values, cfg, problems)
-    return DoctorPart({"l3_paths": rows}, tuple(dict.fromkeys(problems)), sections={"l3": section}, fix=FIX)
+    return DoctorPart({"l3_paths": rows, "l3_checksum": _checksum()}, tuple(dict.fromkeys(problems)),
+                      sections={"l3": section}, fix=FIX)
+
+
+def _checksum() -> dict:
+    from .disk.format import checksum_build
+
+    try:
+        return checksum_build()
+    except Exception as exc:  # noqa: BLE001 - doctor reports, never raises
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def render_checksum(row: dict) -> list[str]:
+    """The ``l3_checksum`` hardware row as text lines."""
+    if not row:
+        return []
+    if "error" in row:
+        return [f"  L3 checksum: xxhash not usable ({row['error']})"]
+    lines = [f"  L3 checksum: xxhash {row['version']} (xxHash {row['xxhash_c']}), XXH3 on {row['vector'] or 'unknown'} "
+             f"({row['how']}); CPU best {row['cpu_best'] or 'unknown'}"]
+    if row.get("warning"):
+        lines.append(f"    warning: {row['warning']}")
+    return lines
 
 
 def _load(path: str | None, enabled: bool):
@@ -155,11 +180,11 @@ def render_section(section: dict) -> list[str]:
 
 
 def render(hardware: dict, sections: dict) -> list[str]:
-    """doctor's text lines for `l3_paths` and the "l3" section."""
+    """doctor's text lines for `l3_paths`, `l3_checksum` and the "l3" section."""
     lines = [f"  L3 path {row['path']}: o_direct={row.get('o_direct')} free={row.get('free_bytes')} "
              f"budget={row.get('budget_bytes')} held={row.get('held_bytes')} need={row.get('need_bytes')}"
-             for row in hardware["l3_paths"]]
-    return lines + render_section(sections.get("l3") or {})
+             for row in hardware.get("l3_paths") or ()]
+    return lines + render_checksum(hardware.get("l3_checksum") or {}) + render_section(sections.get("l3") or {})
 
 
-REPORTER = DoctorReporter(report, render, hardware=("l3_paths",), sections=("l3",))
+REPORTER = DoctorReporter(report, render, hardware=("l3_paths", "l3_checksum"), sections=("l3",))

@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from ..declare import Feature, Flag, PluginFlagError
+from ..declare import EnvVar, Feature, Flag, PluginFlagError
 from .config import CP_L3_COLD_START, TEST_WRITE_DELAY_MS
+from .tools import fio
 
 ENABLE_CP_L3 = Flag("enable_cp_l3", "Enable the durable L3 disk tier for HiCache (needs --cp-l3-config).",
                     "bool", False, switch=True)
+FIO_ENV = EnvVar(fio.ENV, "",
+                 "fio binary that `sglang-glm-ext l3 bench` measures the disk's limit with, where `--fio` is not "
+                 "given (else fio on PATH; none: the bench says so and keeps its own raw reference).")
 CP_L3_CONFIG = Flag("cp_l3_config",
                     "Path to the L3 config (TOML or JSON); `sglang-glm-ext l3 example-config` writes one.",
                     "path", None)
@@ -79,6 +83,6 @@ def _check_disks(cfg, path: str) -> None:
 FEATURE = Feature(
     "l3", "durable L3 disk tier for HiCache: SGLang's storage backend (one rank), engine, fsck, bench, demo",
     "163-180, 231-250, 251-281, 367-392, 393-425, 426-457, 458-486, 476-521",
-    flags=(ENABLE_CP_L3, CP_L3_CONFIG), env=(CP_L3_COLD_START, TEST_WRITE_DELAY_MS),
+    flags=(ENABLE_CP_L3, CP_L3_CONFIG), env=(CP_L3_COLD_START, TEST_WRITE_DELAY_MS, FIO_ENV),
     validate=validate,
 )

@@ -14,6 +14,7 @@ JSON schema (stable; bump SCHEMA on any breaking change, documented in README "d
                          usage_bytes}], fit: null | {hicache_size_gb, ranks_per_node, ranks_source, size_kb,
                          need_pages, usable_pages, fits, limited_by, message}, unknown: [str]},
              l3_paths: [{path, exists, o_direct, free_bytes, budget_bytes, slab_bytes, held_bytes, need_bytes}],
+             l3_checksum: {version, xxhash_c, vector, how, cpu_best, warning} | {error}         (added in schema 1)
              megamoe: {fp8_sm90: {possible, why}, fp4_sm100: {possible, why},
                        deep_gemm: {version, imports, error}, retired_env: [str], dg_use_fp4_acts_set: bool},
              cpu_serve: {mode, may_run, why_not, standin_reachable, accelerator, real_sgl_kernel,

@@ -45,7 +45,7 @@ def test_json_schema_keys_are_stable(report):
     assert set(report) == SCHEMA_1 | {"problem_details", "patch_counts"}
     assert report["l3"] == {"active": False}
     assert set(report["hardware"]) == {"cuda_available", "gpus", "fp4_megamoe", "hugepages", "l3_paths", "megamoe",
-                                       "cpu_serve"}
+                                       "cpu_serve", "l3_checksum"}
     for f in report["features"]:
         assert set(f) == {"name", "title", "active", "available", "why_unavailable"}
     assert report["hardware"]["fp4_megamoe"]["possible"] is False  # no GPU here: the reason says so

@@ -45,10 +45,13 @@ def test_every_doctor_part_is_a_folders_reporter_and_no_two_claim_a_key():
 def test_doctor_refuses_a_part_that_fills_keys_it_does_not_declare():
     from sglang_glm_ext.plugin.doctor import _check_part_keys
 
-    part = next(p for p in registry.DOCTOR_PARTS if p.sections)  # l3: hardware l3_paths, section l3
-    _check_part_keys(part, DoctorPart({"l3_paths": []}, sections={"l3": {}}))
-    for stray in (DoctorPart({"l3_paths": [], "extra": 1}, sections={"l3": {}}), DoctorPart({}, sections={"l3": {}}),
-                  DoctorPart({"l3_paths": []}), DoctorPart({"l3_paths": []}, sections={"l3": {}, "other": {}})):
+    part = next(p for p in registry.DOCTOR_PARTS if p.sections)  # l3: hardware l3_paths and l3_checksum, section l3
+    assert "l3_paths" in part.hardware and part.sections == ("l3",)
+    hw = {k: [] for k in part.hardware}
+    _check_part_keys(part, DoctorPart(dict(hw), sections={"l3": {}}))
+    for stray in (DoctorPart({**hw, "extra": 1}, sections={"l3": {}}), DoctorPart({}, sections={"l3": {}}),
+                  DoctorPart({"l3_paths": []}, sections={"l3": {}}), DoctorPart(dict(hw)),
+                  DoctorPart(dict(hw), sections={"l3": {}, "other": {}})):
         with pytest.raises(RuntimeError, match="doctor part l3 filled"):
             _check_part_keys(part, stray)
 

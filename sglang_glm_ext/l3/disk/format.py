@@ -32,10 +32,15 @@ is a miss with a reason (a :class:`BlobCheck`), never bytes and never an excepti
 computed over the bytes where they landed (:func:`checksum_views`). See docs_internal/l3_format.md for the
 crash-safety argument.
 
-Checksum: xxh3_64 (xxhash 4.1.0, measured on the 2-core dev VM): ~30 GB/s on a cache-resident 3 MiB buffer,
-~9 GB/s on a cold 512 MiB one (DRAM-bound); crc32 (zlib) did 2.2 GB/s, xxh64 7.9 GB/s. xxhash releases the GIL
-above 64 KiB, so hashing overlaps with the writer/reader threads; two hashing threads gained only 1.1x here
-(memory-bound), which does not matter: one thread hashes ~10x faster than an NVMe drive writes.
+Checksum: xxh3_64, through xxhash >= 4.1.0 (the first release that dispatches XXH3 to SSE2 / AVX2 / AVX-512 at run
+time; earlier ones are SSE2-only builds; every build gives the same values, tests/l3/test_checksum.py holds
+xxHash's published vectors and this format's own, so the pin changes nothing on disk). One core, measured with
+benchmark/l3_checksum_cost.py on the 2-core dev VM (AVX-512, shared, load 9-11; 5 runs): a cold page (just
+arrived, not in cache, what a reload hashes) 4.6-7.7 GB/s one-shot and 3.4-6.5 GB/s as layer chunks, i.e. this
+core's memory bandwidth (np.copyto 4.3-5.5 GB/s, streaming read 2.9-4.9 GB/s); a cached page 6-26 GB/s. crc32
+(zlib) did 2.2 GB/s, xxh64 7.9 GB/s (earlier). python-xxhash releases the GIL only above 64 KiB: a page-first page
+(one call) hashes without it, a layer-first page's chunks (16-41 KiB) with it (engine/reload.py says why that was
+kept). A reload checks pages on threads of its own while the next reads are in flight (engine/reload.py).
 """
 
 from __future__ import annotations
@@ -245,6 +250,62 @@ def checksum_views(views) -> int:
     for v in views:
         h.update(v)
     return h.intdigest()
+
+
+# XXH_featureTest()'s answer in xxhash's runtime dispatcher (xxh_x86dispatch.c): the vector unit XXH3 runs on.
+_VECTOR_LEVELS = {0: "scalar", 1: "sse2", 2: "avx2", 3: "avx512"}
+
+
+def checksum_build() -> dict:
+    """Which xxhash computes every checksum here, and on which vector unit: ``version`` (python-xxhash),
+    ``xxhash_c`` (the C library it vendors), ``vector`` (what XXH3 runs on), ``how`` (how that was found),
+    ``cpu_best`` (the widest of sse2 / avx2 / avx512 that /proc/cpuinfo lists) and ``warning`` (None, or the fix
+    when the CPU has vector units the build does not use).
+
+    xxhash >= 4.1.0 links xxHash's x86 dispatcher (it picks SSE2, AVX2 or AVX-512 at run time), and its extension
+    exports ``XXH_featureTest``, read here through ctypes. Earlier releases build XXH3 for the baseline only: SSE2
+    on x86-64. The choice never changes a checksum's value (XXH3 is defined independently of the vector unit:
+    tests/l3/test_checksum.py holds xxHash's published vectors and this format's own), so switching builds needs
+    no format version."""
+    import ctypes
+    import platform
+
+    out = {"version": getattr(xxhash, "VERSION", "?"), "xxhash_c": getattr(xxhash, "XXHASH_VERSION", "?"),
+           "vector": None, "how": "", "cpu_best": _cpu_vector(), "warning": None}
+    ext = getattr(getattr(xxhash, "_xxhash", None), "__file__", None)
+    level = None
+    if ext:
+        try:
+            probe = ctypes.CDLL(ext).XXH_featureTest
+            probe.restype = ctypes.c_int
+            level = probe()
+        except (OSError, AttributeError):
+            level = None
+    machine = platform.machine().lower()
+    if level in _VECTOR_LEVELS:
+        out["vector"], out["how"] = _VECTOR_LEVELS[level], "XXH_featureTest() of the runtime dispatcher"
+    elif machine in ("x86_64", "amd64"):
+        out["vector"], out["how"] = "sse2", "no runtime dispatcher in this build (before 4.1.0): the x86-64 baseline"
+    else:
+        out["how"] = f"no runtime dispatcher on {machine}: what the wheel was compiled for"
+    order = ["scalar", "sse2", "avx2", "avx512"]
+    if out["vector"] in order and out["cpu_best"] in order and order.index(out["vector"]) < order.index("avx2") \
+            <= order.index(out["cpu_best"]):
+        out["warning"] = (f"xxhash {out['version']} runs XXH3 on {out['vector']} while this CPU has "
+                          f"{out['cpu_best']}: install xxhash>=4.1.0 (same checksum values, 1.0-1.6x faster on a "
+                          "cold page, up to 3x on a cached one)")
+    return out
+
+
+def _cpu_vector() -> "str | None":
+    """The widest x86 vector unit /proc/cpuinfo lists (None where it says nothing of them, e.g. not x86)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return None
+    return next((name for flag, name in (("avx512f", "avx512"), ("avx2", "avx2"), ("sse2", "sse2"))
+                 if flag in flags), None)
 
 
 def _header_checksum(raw) -> int:

@@ -13,6 +13,14 @@ tail, the pad and the header, a destination whose address does not fit) goes thr
 buffer (read_plan.py). Then the header is checked, and the payload checksum is computed over the bytes where
 they landed; a page that fails is a miss.
 
+Reads never wait on a checksum (issue 28): :meth:`Reloader.run_all` keeps ``reload_threads`` reads in flight on
+the read pool, each reader handing its landed page (views of the destination's own bytes and the checksum its
+header promises) to a queue and issuing its next read at once; the caller's thread hashes from the first landed
+page on, helped by up to :func:`hash_helpers` pool threads when pages queue up and by each reader once it is out
+of reads. A page is a hit only once its checksum matched, and the call returns only after every read and every
+checksum of the batch has finished. Two pages of one call with the same destination are refused (the second is a
+``bad_dst`` miss): one read could otherwise land over another's verified bytes.
+
 Contract (what a caller gets, also in ``L3Store.reload_into``): True means the verified page is in the
 destination. False means a miss, and the destination page's own bytes may have been overwritten (the read lands
 there before it can be verified), never a byte outside them. SGLang never uses a page reported missing: its
@@ -28,10 +36,12 @@ blobs: readers take no lock (slab_reader.py says why that is safe).
 
 from __future__ import annotations
 
+import bisect
 import logging
+import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -60,9 +70,55 @@ __all__ = ["Reloader", "blames_entry", "content_hashes", "layout_mismatch", "VEC
 # 0.74 vs 0.67 GB/s and 0.32 vs 0.40 CPU s/GB.
 VECTORED = True
 
+# Layer-first pages are hashed chunk by chunk with xxhash's update(), which python-xxhash runs holding the GIL for
+# pieces of 64 KiB or less (XXHASH_GIL_MINSIZE in its _xxhash.c): GLM-5's 41,984 B and a 1 MiB page's 16 KiB chunks,
+# so while a layer-first page is checked, a reader whose read completed waits for the GIL to issue its next one.
+# The alternative, ctypes calls into the same library (XXH3_64bits_update_dispatch per chunk: the GIL released for
+# each call, ~1 us of call overhead), was measured against it on the store's own reload path, same pages,
+# interleaved (benchmark/l3_layer_first_gil.py, 1 GB, 2-core dev VM at load 9-14, median (min-max) of 3 rounds):
+#   1 MiB pages, 4 readers:   update() 1.01 (0.92-1.07) GB/s, 0.296 CPU s/GB; ctypes 0.89 (0.88-1.04), 0.427;
+#                             page-first (one-shot, GIL released) 0.95 (0.89-1.06), 0.218
+#   1 MiB pages, 16 readers:  update() 1.13 (0.97-1.22), 0.266; ctypes 1.07 (0.97-1.13), 0.443; page-first 1.09
+#   GLM-5 pages, 4 readers:   update() 1.42 (1.38-1.55), 0.201; ctypes 1.24 (1.20-1.49), 0.257; page-first 1.60
+# Releasing the GIL bought no throughput and cost 1.3-1.7x the CPU (a per-chunk address lookup included), so
+# layer-first pages keep update(). The GPU machine's 16 cores are where a GIL stall would show first:
+# scripts/gpu/l3_limit_ab.sh runs the same comparison there.
+
 # Misses that say nothing against the index entry: the slab is not there (yet), or the blob is of a format version
 # this build does not know (a newer server's page during a rolling upgrade: not ours to reclaim).
 _NOT_BLAMED = frozenset({ReloadMiss.NO_SLAB, ReloadMiss.BAD_DST, ReloadMiss.ERROR, BlobCheck.UNKNOWN_VERSION})
+
+
+def hash_helpers(reload_threads: int) -> int:
+    """Pool threads that may help the caller hash when landed pages queue up: one per four reads in flight. One
+    core hashes 5-12 GB/s cold (docs_internal/l3_design.md, issue 28), so a reload that keeps more reads in flight
+    than one core can check gets more checking cores, and a small one adds none."""
+    return max(1, reload_threads // 4)
+
+
+class _Landed(NamedTuple):
+    """Stage 1's hand-off to a hasher: the page's own bytes where they landed (views of the destination, never of
+    a bounce buffer its reader reuses) and the payload checksum its header promises."""
+    pieces: list
+    want: int
+
+
+def _verified(r) -> "tuple[bool, object]":
+    """Stage 2 (or a stage-1 outcome as is): True only once the checksum over the landed bytes matched."""
+    if not isinstance(r, _Landed):
+        return r
+    try:
+        ok = checksum_views(r.pieces) == r.want
+    except Exception:  # noqa: BLE001 - a checksum that cannot run is a miss, never a crash
+        return False, ReloadMiss.ERROR
+    return (True, BlobCheck.OK) if ok else (False, BlobCheck.PAYLOAD_CHECKSUM)
+
+
+def _staged(fn, job):
+    try:
+        return fn(job)
+    except Exception:  # noqa: BLE001 - ``fn`` maps its own errors; anything else still costs only this page
+        return False, ReloadMiss.ERROR
 
 
 def blames_entry(why) -> bool:
@@ -112,7 +168,11 @@ class Reloader:
         # under a thread race would leave this gauge off for good (the counters tolerate a lost add; it does not).
         self.inflight = 0
         self._inflight_lock = threading.Lock()
+        # Readers and hash helpers in pools of their own: a reader never waits on anything but its read, so the
+        # readers of calls that run at the same time always progress, whatever the helpers do.
         self.pool = ThreadPoolExecutor(config.reload_threads, thread_name_prefix=f"l3-rd-r{rank}")
+        self.helpers = hash_helpers(config.reload_threads)
+        self.hash_pool = ThreadPoolExecutor(self.helpers, thread_name_prefix=f"l3-xxh-r{rank}")
         for r in range(config.num_ranks):
             for d in config.disks_for_rank(r):
                 for kind in kinds:
@@ -161,6 +221,7 @@ class Reloader:
             try:
                 entries = self._index.get_many([ik if borrowed[i] is None else None for i, ik in enumerate(ikeys)])
                 jobs: list[tuple[int, Any]] = []
+                taken = _Taken(st.page_bytes)
                 for i in range(n):
                     if entries[i] is None and borrowed[i] is None:
                         continue
@@ -169,6 +230,8 @@ class Reloader:
                     where, refused = (_destination(st, targets[i]) if layout is None
                                       else (None, layout_refused) if layout_refused
                                       else _page_index(layout, targets[i]))
+                    if refused is None:
+                        refused = taken.claim(where)
                     if refused is None:
                         jobs.append((i, where))
                     else:
@@ -181,8 +244,8 @@ class Reloader:
                         if borrowed[i] is not None:
                             return _copy_staged(st, borrowed[i], where, layout)
                         if layout is None:
-                            return self.read_into(st, hashes[i], entries[i], where)
-                        return self.read_into_layout(st, hashes[i], entries[i], layout, where)
+                            return self.land_into(st, hashes[i], entries[i], where)
+                        return self.land_into_layout(st, hashes[i], entries[i], layout, where)
                     except Exception:  # EIO on read, ... -> miss
                         return False, ReloadMiss.ERROR
 
@@ -225,28 +288,95 @@ class Reloader:
 
     # ------------------------------------------------------------------ reads
     def run_all(self, fn, jobs: list) -> list:
-        """``[fn(job) for job in jobs]``, spread over the read pool in ``reload_threads`` interleaved runs (one task
-        per run, the caller's thread taking the first), not one task per page: a page-sized task paid a future, a
-        queue hand-off and a thread wake-up each, which at 1 MiB pages cost about a third of the read's CPU."""
-        t = min(self.config.reload_threads, len(jobs))
-        if t <= 1:
-            return [fn(job) for job in jobs]
-        out: list = [None] * len(jobs)
+        """``[verified(fn(job)) for job in jobs]``: each job's read on the read pool, ``reload_threads`` in flight
+        (interleaved runs, one task per reader: a task per page paid a future and a wake-up each), its checksum on
+        the caller's thread (helped as the module docstring says). ``fn`` returns a final ``(ok, why)`` (a miss
+        before the payload, a staged copy) or a :class:`_Landed` page, which is a hit only once its checksum
+        matched. Returns when every read and checksum has finished: no thread of this call touches a destination
+        or a result after that. Invariant: no pool task ever waits on another task (readers wait on their reads,
+        helpers never block), so calls running at the same time cannot deadlock the pools."""
+        n = len(jobs)
+        if n <= 1:  # nothing to overlap
+            return [_verified(_staged(fn, job)) for job in jobs]
+        readers = min(self.config.reload_threads, n)
+        out: list = [None] * n
+        landed: "queue.SimpleQueue" = queue.SimpleQueue()
+        lock = threading.Lock()
+        left = [n]  # results not final yet
+        helping = [0]  # helper tasks of this call running now
 
-        def run(k: int) -> None:
-            for i in range(k, len(jobs), t):
-                out[i] = fn(jobs[i])
+        def final(i: int, result) -> None:
+            out[i] = result
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                landed.put(None)  # wakes the caller: every result is final
 
-        futures = [self.pool.submit(run, k) for k in range(1, t)]
-        run(0)
+        def drain() -> None:
+            """Hash what has landed; never wait (a pool thread that waited could hold a reader's worker)."""
+            while True:
+                try:
+                    item = landed.get_nowait()
+                except queue.Empty:
+                    return
+                if item is None:
+                    landed.put(None)  # the caller's wake-up: leave it for the caller
+                    return
+                final(item[0], _verified(item[1]))
+
+        def helper() -> None:
+            try:
+                drain()
+            finally:
+                with lock:
+                    helping[0] -= 1
+
+        def reader(k: int) -> None:
+            for i in range(k, n, readers):
+                r = _staged(fn, jobs[i])
+                if not isinstance(r, _Landed):
+                    final(i, r)
+                    continue
+                landed.put((i, r))
+                if landed.qsize() > 1 and helping[0] < self.helpers:
+                    with lock:
+                        spawn = helping[0] < self.helpers
+                        helping[0] += spawn
+                    if spawn:
+                        try:
+                            self.hash_pool.submit(helper)
+                        except RuntimeError:  # shut down: the caller hashes alone
+                            with lock:
+                                helping[0] -= 1
+            drain()  # out of reads: help hash the tail
+
+        futures = []
+        for k in range(readers):
+            try:
+                futures.append(self.pool.submit(reader, k))
+            except RuntimeError:  # the pool is shut down (store closing): read on this thread
+                reader(k)
+        while (item := landed.get()) is not None:
+            final(item[0], _verified(item[1]))
         for f in futures:
-            f.result()
+            f.result()  # the readers' last step is a drain that finds nothing: quick
         return out
 
     def read_into(self, st: KindState, content_hash: bytes, e: IndexEntry, dst) -> "tuple[bool, object]":
         """Read the page ``e`` names into ``dst[:page_bytes]`` (a writable flat byte array the caller checked) and
         verify it there. (True, OK) or (False, why: a ``BlobCheck`` or ``ReloadMiss``). OSError propagates: the
         caller counts it, the entry is not blamed."""
+        return _verified(self.land_into(st, content_hash, e, dst))
+
+    def read_into_layout(self, st: KindState, content_hash: bytes, e: IndexEntry, layout: PageLayout,
+                         page_index: int) -> "tuple[bool, object]":
+        """Like :meth:`read_into`, into page ``page_index`` of a host layout (each slice where it lives)."""
+        return _verified(self.land_into_layout(st, content_hash, e, layout, page_index))
+
+    def land_into(self, st: KindState, content_hash: bytes, e: IndexEntry, dst) -> "_Landed | tuple[bool, object]":
+        """Stage 1 of :meth:`read_into`: the read and the header check; the payload checksum is left to the
+        caller (a :class:`_Landed`), or a miss with its reason."""
         rd = self._reader(st, e)
         if rd is None:
             return False, ReloadMiss.NO_SLAB
@@ -254,9 +384,9 @@ class Reloader:
         plan = plan_read(spans.lengths, (spans.bases[0] % rd.align.mem,), st.slot_bytes, rd.align, True)
         return self._read(rd, st, content_hash, e, spans, plan)
 
-    def read_into_layout(self, st: KindState, content_hash: bytes, e: IndexEntry, layout: PageLayout,
-                         page_index: int) -> "tuple[bool, object]":
-        """Like :meth:`read_into`, into page ``page_index`` of a host layout (each slice where it lives)."""
+    def land_into_layout(self, st: KindState, content_hash: bytes, e: IndexEntry, layout: PageLayout,
+                         page_index: int) -> "_Landed | tuple[bool, object]":
+        """Stage 1 of :meth:`read_into_layout` (see :meth:`land_into`)."""
         if layout.page_bytes != st.page_bytes:
             return False, ReloadMiss.BAD_DST
         rd = self._reader(st, e)
@@ -267,7 +397,7 @@ class Reloader:
         return self._read(rd, st, content_hash, e, spans, plan)
 
     def _read(self, rd: SlabReader, st: KindState, content_hash: bytes, e: IndexEntry, spans: PageSpans,
-              plan) -> "tuple[bool, object]":
+              plan) -> "_Landed | tuple[bool, object]":
         try:
             trailer, pieces = rd.read_spans(e.slot, spans, plan, self._bounce(plan.bounce_bytes))
         except ShortRead:
@@ -281,9 +411,9 @@ class Reloader:
                            payload_len=st.page_bytes, slot_bytes=st.slot_bytes)
         if why is not BlobCheck.OK:
             return False, why
-        if checksum_views(pieces) != header.payload_checksum:
-            return False, BlobCheck.PAYLOAD_CHECKSUM
-        return True, BlobCheck.OK
+        # ``pieces`` are the spans' own bytes (read_spans: views of the destination, never of the bounce buffer this
+        # thread reuses for its next read), so the checksum may run later, on another thread.
+        return _Landed(pieces, header.payload_checksum)
 
     def _reader(self, st: KindState, e: IndexEntry) -> "SlabReader | None":
         return self._readers.get((e.rank, e.disk, st.kind)) or self._open(e.rank, e.disk, st.kind)
@@ -331,6 +461,7 @@ class Reloader:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True)
+        self.hash_pool.shutdown(wait=True)
 
     def close_readers(self) -> None:
         with self._lock:
@@ -356,6 +487,33 @@ def _destination(st: KindState, dst) -> "tuple[np.ndarray | None, str | None]":
     if d.nbytes < st.page_bytes:
         return None, f"{d.nbytes} B is smaller than the {st.page_bytes} B page"
     return d, None
+
+
+class _Taken:
+    """The destinations one call has handed out: a second page for bytes already taken is refused before any byte
+    moves (its read could land over the first page's verified bytes after they were checked). Flat destinations
+    are address ranges (overlap refused), layout destinations page indices."""
+
+    def __init__(self, page_bytes: int):
+        self.page_bytes = page_bytes
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.pages: set[int] = set()
+
+    def claim(self, where) -> "str | None":
+        if isinstance(where, int):
+            if where in self.pages:
+                return f"host page {where} is the destination of an earlier page of this call"
+            self.pages.add(where)
+            return None
+        a = where.ctypes.data
+        b = a + self.page_bytes
+        j = bisect.bisect_right(self.starts, a)
+        if (j and self.ends[j - 1] > a) or (j < len(self.starts) and self.starts[j] < b):
+            return "the destination overlaps an earlier page's destination in this call"
+        self.starts.insert(j, a)
+        self.ends.insert(j, b)
+        return None
 
 
 def _page_index(layout, pidx) -> "tuple[int | None, str | None]":

@@ -480,7 +480,8 @@ class SharedStore:
         """Read each page into ``dsts[i]``: a writable, C-contiguous buffer of at least page_bytes (the page lands
         in its first page_bytes, in memory order). True only if the blob verified AND its bytes are now in the
         caller's buffer. A destination that cannot take the page in place (strided, Fortran-ordered, read-only,
-        too small) is a miss counted in ``reload_bad_dst`` and is left untouched. On any other False the page's
+        too small, or overlapping an earlier page's destination in the same call) is a miss counted in
+        ``reload_bad_dst`` and is left untouched. On any other False the page's
         own bytes (``dsts[i][:page_bytes]``) may have been overwritten -- the read lands in place and is verified
         there (reload.py) -- and nothing outside them is touched: treat the page as not loaded."""
         return self._reloader.reload(kind, keys, dsts=dsts)

@@ -16,7 +16,16 @@ size (``--size-gb``, default 2), the median of ``--repeats`` (>= 3) runs of:
   and the single transfer + copy (where the engine under test has both)
 * batched ``exists`` (128 keys per call), microseconds per page; peak staging memory vs the configured cap
 
-CPU is user + sys of the whole process (``resource.getrusage``) over each timed pass, divided by the payload GB.
+* the disk's limit, with fio where it is (``--fio``, ``$SGLANG_GLM_EXT_FIO``, PATH; tools/fio.py): per page size a
+  sweep of iodepth x numjobs (``--fio-grid``, printed) for O_DIRECT sequential write and random read of the slot
+  size on the same file system, then in every repeat fio's best point again, next to the spill and the reloads
+  (paired ratios: a disk whose speed drifts biases neither side). Without fio the bench says so and reports only
+  its own references. ``--fio-sweep JSON`` reuses a sweep (``python -m sglang_glm_ext.l3.tools.fio --json``);
+  ``--reload-threads fio`` / ``--io-threads fio`` give the store as many threads as fio's best point had I/Os in
+  flight (the store may raise its concurrency to reach the limit; the table says what it used)
+
+CPU is user + sys of the whole process (``resource.getrusage``) over each timed pass, divided by the payload GB;
+fio's is its own process's (``RUSAGE_CHILDREN``). The xxhash build and the vector unit XXH3 runs on are printed.
 ``--load-pages N`` also times a ``cold_start = "load"`` restart with N live pages (3,968 B pages, one 4 KiB slot
 each: the cost is per page) against the same restart with none, and prints seconds per million pages.
 
@@ -30,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import resource
@@ -45,11 +55,13 @@ import xxhash
 from sglang_glm_ext.l3.config import L3Config
 
 try:  # the engine's rooms (issue 23)
+    from sglang_glm_ext.l3.disk import format as _format
     from sglang_glm_ext.l3.disk.aligned import AlignedBuffer
     from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
     from sglang_glm_ext.l3.disk.host_layout import PageLayout
     from sglang_glm_ext.l3.engine.store import L3Store
 except ModuleNotFoundError:  # an engine from before them: benchmark/l3_ab.py runs this file against both
+    from sglang_glm_ext.l3 import format as _format
     from sglang_glm_ext.l3.aligned import AlignedBuffer
     from sglang_glm_ext.l3.format import Namespace, PayloadKind, slot_bytes_for
     from sglang_glm_ext.l3.layout import PageLayout
@@ -60,6 +72,31 @@ KIND = PayloadKind.TARGET_KV
 BATCH = 128
 LOAD_PAGE = 4096 - 128  # the smallest page: one 4 KiB slot
 EXIT_TARGET_MISSED = 3  # exit status when a row is FAIL (0: every target met; 1: crashed; 2: bad arguments)
+
+
+def _beside(name: str):
+    """A module that travels with this file (tools/NAME.py), loaded from beside it: benchmark/l3_ab.py runs this file
+    against another tree's engine, which may not have it."""
+    spec = importlib.util.spec_from_file_location(f"_l3_bench_{name}", os.path.join(os.path.dirname(
+        os.path.abspath(__file__)), f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+fio = _beside("fio")
+FIO_THREADS_MAX = 64  # `--reload-threads fio`: at most this many threads, whatever fio needed
+
+
+def checksum_line() -> str:
+    """The xxhash build and the vector unit XXH3 runs on (the engine's ``checksum_build``, where it has one)."""
+    build = getattr(_format, "checksum_build", None)
+    if build is None:
+        return f"checksum: xxhash {xxhash.VERSION} (this engine does not report its vector unit)"
+    b = build()
+    return (f"checksum: xxhash {b['version']} (xxHash {b['xxhash_c']}), XXH3 on {b['vector'] or 'unknown'} "
+            f"({b['how']}); CPU best {b['cpu_best'] or 'unknown'}" + (f"; WARNING: {b['warning']}" if b['warning']
+                                                                       else ""))
 
 
 def _keys(n: int, salt: str) -> list[str]:
@@ -189,7 +226,8 @@ def raw_read_xxh3(path: str, n: int, slot: int, threads: int, page: int, views: 
         os.close(fd)
 
 
-def store_config(root: str, n: int, slot: int, args, *, batch: "int | None" = None) -> L3Config:
+def store_config(root: str, n: int, slot: int, args, *, batch: "int | None" = None, io_threads: "int | None" = None,
+                 reload_threads: "int | None" = None) -> L3Config:
     return L3Config.from_dict({
         "deployment_id": "bench",
         "cold_start": "clear",
@@ -199,9 +237,65 @@ def store_config(root: str, n: int, slot: int, args, *, batch: "int | None" = No
         # The bench measures the write path, not GC: the pool never crosses the start watermark.
         "gc": {"start": 1.0, "stop": 0.99},
         "queues": {"staging_bytes": args.staging_mb * 2**20, "max_inflight": 4096,
-                   "write_batch_pages": batch or args.batch_pages, "io_threads": args.io_threads,
-                   "reload_threads": args.reload_threads},
+                   "write_batch_pages": batch or args.batch_pages,
+                   "io_threads": io_threads or _threads(args.io_threads),
+                   "reload_threads": reload_threads or _threads(args.reload_threads)},
     })
+
+
+def _threads(value) -> int:
+    """A thread count option: an int, or "fio" (resolved per page size from fio's best point; 4 where unknown)."""
+    return 4 if value == "fio" else int(value)
+
+
+class FioRef:
+    """fio's best O_DIRECT write and random read at one slot size, on the bench's directory (None where fio is
+    absent or failed: ``why`` says so), and the best point run again beside each store pass."""
+
+    def __init__(self, args, slot: int, root: str, total: int):
+        self.args, self.slot, self.root = args, slot, root
+        self.best: dict = {}
+        self.why = ""
+        self.path = os.path.join(root, f"fio.{slot}.dat")
+        if args.fio_grid == "none":
+            self.why = "fio skipped (--fio-grid none)"
+            return
+        self.exe, how = fio.find_fio(args.fio)
+        if self.exe is None:
+            self.why = how
+            return
+        kept = [r for r in args.fio_sweeps if r["block_bytes"] == slot]
+        for kind in ("write", "read"):
+            r = next((x for x in kept if x["kind"] == kind), None)
+            if r is None and args.fio_sweeps_path:
+                self.why = f"{args.fio_sweeps_path} has no {kind} sweep at {slot} B"
+            elif r is None:
+                r, why = fio.sweep(kind, slot, root, total, args.fio_seconds, grid=args.fio_grid, fio=self.exe,
+                                   keep_file=True)
+                if r is None:
+                    self.why = why
+                else:
+                    print(fio.render(r), flush=True)
+            if r is not None:
+                self.best[kind] = r
+        self.file_bytes = max([fio.file_bytes_for(slot, total, [(r["iodepth"], r["numjobs"])])
+                               for r in self.best.values()] + [0])
+
+    def threads(self, kind: str) -> "int | None":
+        """I/Os in flight at fio's best point of ``kind`` (iodepth x numjobs), capped at FIO_THREADS_MAX."""
+        r = self.best.get(kind)
+        return None if r is None else min(FIO_THREADS_MAX, r["iodepth"] * r["numjobs"])
+
+    def run(self, kind: str) -> "dict | None":
+        """fio's best point of ``kind`` once more, now (a paired reference); None where there is none."""
+        r = self.best.get(kind)
+        if r is None:
+            return None
+        if kind == "read" and fio.lay_out(self.exe, self.path, self.file_bytes):
+            return None
+        row = fio.point(self.exe, kind, self.slot, self.path, self.file_bytes, self.args.fio_seconds, r["engine"],
+                        r["iodepth"], r["numjobs"])
+        return row if row.get("gbps") and not row.get("error") else None
 
 
 def spill_all(store: L3Store, keys: list[str], src: list[np.ndarray]) -> tuple[Timed, int]:
@@ -293,6 +387,10 @@ def bench_page_size(page: int, args) -> dict:
     keys = _keys(n, f"bench{page}")
     total = n * page
     n_layers = layer_split(page)
+    ref = FioRef(args, slot, root, n * slot)
+    io_threads = ref.threads("write") if args.io_threads == "fio" else None
+    reload_threads = ref.threads("read") if args.reload_threads == "fio" else None
+    cfg = store_config(root, n, slot, args, io_threads=io_threads, reload_threads=reload_threads)
     host = AlignedBuffer(BATCH * page)  # one host pool, seen page-first and layer-first (SGLang's two layouts)
     host_arr = np.frombuffer(host.view, np.uint8)
     host_arr.fill(0)  # faulted in before any timing, like SGLang's pinned host pool
@@ -301,7 +399,9 @@ def bench_page_size(page: int, args) -> dict:
         layouts["layer_first"] = PageLayout.layer_first(host, n_layers=n_layers, slice_bytes=page // n_layers,
                                                         num_pages=BATCH)
     views = {name: page_views(host_arr, page, n_layers, name) for name in layouts}
-    res = {"page_bytes": page, "slot_bytes": slot, "pages": n, "bytes": total, "layers": n_layers, "raw_mode": {}}
+    res = {"page_bytes": page, "slot_bytes": slot, "pages": n, "bytes": total, "layers": n_layers, "raw_mode": {},
+           "io_threads": cfg.io_threads, "reload_threads": cfg.reload_threads,
+           "fio": {"why": ref.why, **{k: v for k, v in ref.best.items()}, "points": {"write": [], "read": []}}}
     raw_path = os.path.join(root, "raw.bin")
     ns = Namespace("bench", "bf16", "page_first", 64, 0, 78, "bench")
     runs: dict[str, list[Timed]] = {}
@@ -310,18 +410,20 @@ def bench_page_size(page: int, args) -> dict:
     def rec(name, t):
         runs.setdefault(name, []).append(t)
 
-    store = L3Store.open(store_config(root, n, slot, args), rank=0, namespace=ns, page_bytes={KIND: page})
+    store = L3Store.open(cfg, rank=0, namespace=ns, page_bytes={KIND: page})
     # The engine's read path where it has one to switch (a private seam: the bench measures both modes).
     reads = getattr(store, "_reloader", None) or getattr(store, "_reads", None)
+    res["hash_helpers"] = getattr(reads, "helpers", None)  # None: an engine that hashes on its reader threads
     # Layer-first: the engine's default read first (key reload_layer_first, what both sides of an A/B have), then
     # the other mode where the engine has two (reload_layer_first_single / _vectored): vectored vs single transfer.
     default = getattr(reads, "vectored", None)
-    modes = {"page_first": [None], "layer_first": [None] + ([] if default is None else [not default])}
+    alt = [] if default is None or args.skip_alt_modes else [not default]
+    modes = {"page_first": [None], "layer_first": [None] + alt}
     try:
         def write_raw():
             if os.path.exists(raw_path):
                 os.unlink(raw_path)
-            rec("raw_write", raw_write(raw_path, n, slot, args.io_threads, src, page))
+            rec("raw_write", raw_write(raw_path, n, slot, cfg.io_threads, src, page))
 
         def write_store(rep):
             if rep:
@@ -329,6 +431,9 @@ def bench_page_size(page: int, args) -> dict:
             t, rt = spill_all(store, keys, src)
             rec("spill", t)
             retries.append(rt)
+
+        def fio_point(kind):
+            res["fio"]["points"][kind].append(ref.run(kind))
 
         def reload_pass(name, layout, vectored):
             if vectored is not None:
@@ -345,27 +450,31 @@ def bench_page_size(page: int, args) -> dict:
         # drifts during the run biases neither side (the raw rate alone moved 2x between back-to-back runs here).
         for rep in range(args.repeats):
             flip = rep % 2 == 1
-            writes = [write_raw, lambda: write_store(rep)]
+            writes = [write_raw, lambda: write_store(rep), lambda: fio_point("write")]
             for step in writes[::-1] if flip else writes:
                 step()
             dt, found = exists_all(store, keys)
             if found != n:
                 raise RuntimeError(f"exists found {found} of {n}")
             ex.append(dt)
-            raw = raw_read(raw_path, n, slot, args.reload_threads)
+            if not flip:
+                fio_point("read")
+            raw = raw_read(raw_path, n, slot, cfg.reload_threads)
             rec("raw_read", raw)
             for name, layout in layouts.items():
                 for vectored in modes[name]:
                     key = f"reload_{name}" + {None: "", True: "_vectored", False: "_single"}[vectored]
-                    pair = [lambda: raw_read_xxh3(raw_path, n, slot, args.reload_threads, page, views[name]),
-                            lambda: reload_pass(name, layout, vectored)]
+                    pair = [lambda v=views[name]: raw_read_xxh3(raw_path, n, slot, cfg.reload_threads, page, v),
+                            lambda name=name, layout=layout, vectored=vectored: reload_pass(name, layout, vectored)]
                     got = [f() for f in (pair[::-1] if flip else pair)]
-                    (ref, res["raw_mode"][name]), t = got[::-1] if flip else got
-                    rec(f"raw_read_xxh3_{name}", ref)
+                    (xref, res["raw_mode"][name]), t = got[::-1] if flip else got
+                    rec(f"raw_read_xxh3_{name}", xref)
                     rec(key, t)
                     res.setdefault(f"{key}_paired", []).append(
-                        {"cpu_vs_raw_xxh3": t.cpu / ref.cpu, "gbps_vs_raw": raw.wall / t.wall,
-                         "gbps_vs_raw_xxh3": ref.wall / t.wall})
+                        {"cpu_vs_raw_xxh3": t.cpu / xref.cpu, "gbps_vs_raw": raw.wall / t.wall,
+                         "gbps_vs_raw_xxh3": xref.wall / t.wall, "gbps": total / t.wall / 1e9})
+            if flip:
+                fio_point("read")
         # Spot check: reloaded bytes are the spilled ones, in both layouts.
         out = np.empty(page, np.uint8)
         for layout in layouts.values():
@@ -383,7 +492,7 @@ def bench_page_size(page: int, args) -> dict:
         store.close()
         if os.path.exists(raw_path):
             os.unlink(raw_path)
-        del layouts, views, host_arr
+        del layouts, host_arr
         try:
             host.close()
         except BufferError:
@@ -395,6 +504,7 @@ def bench_page_size(page: int, args) -> dict:
         res[f"{name}_cpu_s"] = [t.cpu for t in ts]
         res[f"{name}_gbps"] = total / med(t.wall for t in ts) / 1e9
         res[f"{name}_cpu_s_per_gb"] = med(t.cpu for t in ts) / (total / 1e9)
+    _fio_ratios(res, runs, total)
     res.update({
         "exists_us_per_page": med(ex) / n * 1e6, "spill_retries": retries,
         "staging_peak_bytes": st["staging_peak_bytes"], "staging_cap_bytes": st["staging_cap_bytes"],
@@ -408,6 +518,29 @@ def bench_page_size(page: int, args) -> dict:
                                                       "read_gbps": total / hf[1] / 1e9}
     shutil.rmtree(root, ignore_errors=True)
     return res
+
+
+def _fio_ratios(res: dict, runs: dict, total: int) -> None:
+    """fio's paired points: its GB/s and CPU s/GB (medians), and each store pass over the fio run of its repeat."""
+    med = statistics.median
+    for kind in ("write", "read"):
+        pts = res["fio"]["points"][kind]
+        ok = [p for p in pts if p]
+        if not ok:
+            continue
+        res[f"fio_{kind}_gbps"] = med(p["gbps"] for p in ok)
+        res[f"fio_{kind}_cpu_s_per_gb"] = med(p["cpu_s_per_gb"] for p in ok if p.get("cpu_s_per_gb") is not None) \
+            if any(p.get("cpu_s_per_gb") is not None for p in ok) else None
+        passes = ["spill"] if kind == "write" else [k for k in runs if k.startswith("reload_")]
+        for name in passes:
+            q = [total / t.wall / 1e9 / p["gbps"] for t, p in zip(runs[name], _per_pass(pts, runs[name])) if p]
+            if q:
+                res[f"{name}_vs_fio"] = q
+
+
+def _per_pass(points: list, passes: list) -> list:
+    """The fio point of each repeat, for each timed pass of one name (one pass per repeat)."""
+    return (points + [None] * len(passes))[:len(passes)]
 
 
 def bench_load(args) -> dict:
@@ -452,6 +585,10 @@ def bench_load(args) -> dict:
             "fill_s": fill_s, "s_per_million": (med(full) - med(empty)) / n * 1e6}
 
 
+def _s_per_gb(x) -> str:
+    return "-" if x is None else f"{x:.3f}s/GB"
+
+
 def _pass(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
@@ -461,14 +598,22 @@ def render(results: list[dict], load: "dict | None", args, failed: "list[str] | 
     lines = [f"L3 bench: dir={args.dir} size={args.size_gb} GB/page-size repeats={args.repeats} "
              f"io_threads={args.io_threads} reload_threads={args.reload_threads} batch={args.batch_pages} "
              f"(median of repeats; a ratio is the median of each repeat's adjacent pair; CPU = user+sys of the process per "
-             f"payload GB)",
-             f"{'page':>9} | {'metric':<40} | {'L3':>12} | {'reference':>12} | {'ratio':>6} | {'target':>7} | ok",
-             "-" * 110]
+             f"payload GB)", checksum_line()]
+    absent = sorted({r["fio"]["why"] for r in results if not r["fio"].get("write") and not r["fio"].get("read")})
+    for why in absent:
+        lines.append(f"fio absent: {why}; ratios are to the bench's own raw reference only")
+    lines += [f"{'page':>9} | {'metric':<40} | {'L3':>12} | {'reference':>12} | {'ratio':>6} | {'target':>7} | ok",
+              "-" * 110]
+
+    parent = [""]
 
     def row(page, metric, a, b, ratio, target, ok):
         lines.append(f"{page:>9} | {metric:<40} | {a:>12} | {b:>12} | {ratio:>6} | {target:>7} | {ok}")
+        if not metric.startswith(" "):
+            parent[0] = metric.split(" vs ")[0]
         if ok == "FAIL" and failed is not None:
-            failed.append(f"{page} {metric.strip()} {ratio if ratio != '-' else a} (target {target})")
+            what = f"{parent[0]}: {metric.strip()}" if metric.startswith(" ") else metric
+            failed.append(f"{page} {what} {ratio if ratio != '-' else a} (target {target})")
 
     for r in results:
         p = r["page_bytes"]
@@ -478,8 +623,22 @@ def render(results: list[dict], load: "dict | None", args, failed: "list[str] | 
         row(p, "  CPU: spill vs raw write", f"{r['spill_cpu_s_per_gb']:.3f}s/GB",
             f"{r['raw_write_cpu_s_per_gb']:.3f}s/GB", f"{r['spill_cpu_s_per_gb'] / r['raw_write_cpu_s_per_gb']:.2f}x",
             "info", "-")
+        fw, fr = r["fio"].get("write"), r["fio"].get("read")
+        if r.get("fio_write_gbps"):
+            row(p, f"fio best seq write ({fw['iodepth']}x{fw['numjobs']} {fw['engine']})",
+                f"{r['fio_write_gbps']:.2f}GB/s", _s_per_gb(r.get("fio_write_cpu_s_per_gb")), "-", "info", "-")
+            q = statistics.median(r["spill_vs_fio"])
+            row(p, "spill->durable vs fio best write", f"{r['spill_gbps']:.2f}GB/s", f"{r['fio_write_gbps']:.2f}GB/s",
+                f"{q:.2f}x", ">=0.9x", _pass(q >= 0.9))
+        elif fw:
+            lines.append(f"{p:>9} | fio write points failed in every repeat (sweep best {fw['gbps']:.2f}GB/s)")
         row(p, "raw O_DIRECT read: throughput, CPU", f"{r['raw_read_gbps']:.2f}GB/s",
             f"{r['raw_read_cpu_s_per_gb']:.3f}s/GB", "-", "info", "-")
+        if r.get("fio_read_gbps"):
+            row(p, f"fio best rand read ({fr['iodepth']}x{fr['numjobs']} {fr['engine']})",
+                f"{r['fio_read_gbps']:.2f}GB/s", _s_per_gb(r.get("fio_read_cpu_s_per_gb")), "-", "info", "-")
+        elif fr:
+            lines.append(f"{p:>9} | fio read points failed in every repeat (sweep best {fr['gbps']:.2f}GB/s)")
         for key in [k for k in r if k.startswith("reload_") and k.endswith("_gbps")]:
             name = key[len("reload_"):-len("_gbps")]
             layout = "layer_first" if name.startswith("layer_first") else "page_first"
@@ -488,6 +647,10 @@ def render(results: list[dict], load: "dict | None", args, failed: "list[str] | 
             q = statistics.median(x["gbps_vs_raw"] for x in paired)
             row(p, f"reload {label} vs raw read", f"{r[key]:.2f}GB/s", f"{r['raw_read_gbps']:.2f}GB/s",
                 f"{q:.2f}x", ">=0.95x", _pass(q >= 0.95))
+            if r.get(f"reload_{name}_vs_fio"):
+                q = statistics.median(r[f"reload_{name}_vs_fio"])
+                row(p, "  vs fio best rand read", f"{r[key]:.2f}GB/s", f"{r['fio_read_gbps']:.2f}GB/s", f"{q:.2f}x",
+                    ">=0.9x", _pass(q >= 0.9))
             q = statistics.median(x["gbps_vs_raw_xxh3"] for x in paired)
             row(p, "  vs raw read + xxh3 in place", f"{r[key]:.2f}GB/s",
                 f"{r[f'raw_read_xxh3_{layout}_gbps']:.2f}GB/s", f"{q:.2f}x", "info", "-")
@@ -510,6 +673,13 @@ def render(results: list[dict], load: "dict | None", args, failed: "list[str] | 
         else:
             lines.append(f"{p:>9} | {hf}")
         lines.append(f"{'':>9} | layer-first default read: {r['layer_first_default']}")
+        helpers = r.get("hash_helpers")
+        hashing = "on the reading threads" if helpers is None else \
+            f"on the caller's thread + up to {helpers} helper(s), readers never wait on them"
+        best = ", ".join(f"{k} {x['iodepth']}x{x['numjobs']} = {x['iodepth'] * x['numjobs']} in flight"
+                         for k, x in (("write", fw), ("read", fr)) if x) or "-"
+        lines.append(f"{'':>9} | store threads: io_threads={r['io_threads']} (writes in flight), reload_threads="
+                     f"{r['reload_threads']} (reads in flight), checksums {hashing}; fio best: {best}")
         lines.append(f"{'':>9} | io_mode={r['io_mode']} pages={r['pages']} layers={r['layers']} spill retries "
                      f"(staging full)={r['spill_retries']} dio={r['dio_alignment']} raw+xxh3={r['raw_mode']}")
     if load:
@@ -526,9 +696,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--page-bytes", type=int, nargs="+", default=[GLM5_PAGE, 2**20],
                     help="page sizes to bench, in bytes (GLM-5's 64-token page, then 1 MiB)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per measurement; rows show medians")
-    ap.add_argument("--io-threads", type=int, default=4, help="[queues] io_threads, and the raw write's threads")
-    ap.add_argument("--reload-threads", type=int, default=4,
-                    help="[queues] reload_threads, and the raw read's threads")
+    ap.add_argument("--io-threads", type=_threads_arg, default=4,
+                    help="[queues] io_threads, and the raw write's threads; 'fio': fio's best write iodepth x numjobs")
+    ap.add_argument("--reload-threads", type=_threads_arg, default=4,
+                    help="[queues] reload_threads (reads in flight), and the raw read's threads; 'fio': fio's best "
+                         f"random read iodepth x numjobs (at most {FIO_THREADS_MAX})")
     ap.add_argument("--batch-pages", type=int, default=32, help="[queues] write_batch_pages")
     ap.add_argument("--staging-mb", type=int, default=256, help="[queues] staging_bytes, in MiB")
     ap.add_argument("--load-pages", type=int, default=0,
@@ -536,8 +708,31 @@ def add_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
                          "record)")
     ap.add_argument("--skip-throughput", action="store_true", help="only the --load-pages timing")
     ap.add_argument("--skip-hicachefile", action="store_true", help="leave out SGLang's HiCacheFile reference rows")
+    ap.add_argument("--skip-alt-modes", action="store_true",
+                    help="time only the engine's default layer-first read (not also its other read mode)")
+    ap.add_argument("--fio", metavar="PATH", default=None,
+                    help=f"fio binary for the disk's limit (default: ${fio.ENV}, then fio on PATH; none: said, and the "
+                         "bench's own raw reference only)")
+    ap.add_argument("--fio-grid", default="small", choices=sorted(fio.GRIDS) + ["none"],
+                    help="iodepth x numjobs points of the fio sweep (small: 10 points; none: no fio)")
+    ap.add_argument("--fio-seconds", type=float, default=2.0, help="seconds per fio point")
+    ap.add_argument("--fio-sweep", metavar="JSON", default=None,
+                    help="reuse a sweep (python -m sglang_glm_ext.l3.tools.fio --json, or this bench's --json) "
+                         "instead of sweeping; each repeat still runs the best point beside the store's passes")
     ap.add_argument("--json", metavar="PATH", help="also write the raw results as JSON")
     return ap
+
+
+def _threads_arg(value: str):
+    if value == "fio":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a thread count nor 'fio'") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: at least 1 thread")
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -548,6 +743,13 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
+    args.fio_sweeps_path = args.fio_sweep
+    args.fio_sweeps = []
+    if args.fio_sweep:
+        try:
+            args.fio_sweeps = fio.load_sweeps(args.fio_sweep)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--fio-sweep {args.fio_sweep}: {e}") from None
     os.makedirs(args.dir, exist_ok=True)
     results = [] if args.skip_throughput else [bench_page_size(p, args) for p in args.page_bytes]
     load = bench_load(args) if args.load_pages > 0 else None
@@ -555,7 +757,9 @@ def run(args: argparse.Namespace) -> int:
     print(render(results, load, args, failed))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"results": results, "load": load}, f, indent=2)
+            json.dump({"results": results, "load": load, "checksum": checksum_line(),
+                       "fio_sweeps": [x for r in results for x in (r["fio"].get("write"), r["fio"].get("read")) if x]},
+                      f, indent=2)
     if failed:  # exit 3: the bench ran and missed a target (1 is a crash, 2 bad arguments)
         print(f"l3 bench: {len(failed)} target(s) missed on {args.dir}: " + "; ".join(failed), file=sys.stderr)
         return EXIT_TARGET_MISSED

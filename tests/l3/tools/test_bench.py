@@ -7,23 +7,38 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+def calls(log):
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
-def test_bench_smoke(tmp_path):
+def _bench(tmp_path, *extra, env=None):
     out = tmp_path / "r.json"
     proc = subprocess.run(
         [sys.executable, "-m", "sglang_glm_ext.cli", "l3", "bench", "--dir", str(tmp_path / "b"), "--size-gb",
-         "0.02", "--repeats", "2", "--page-bytes", "1048576", "--skip-hicachefile", "--load-pages", "300",
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=300)
+         "0.02", "--page-bytes", "1048576", "--skip-hicachefile", "--json", str(out), *extra],
+        capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode in (0, 3), proc.stderr[-3000:]  # 3: a target missed (tiny data, a shared machine)
+    return proc.stdout, json.loads(out.read_text())
+
+
+def test_bench_smoke(tmp_path, fake_fio):
+    fio, log = fake_fio
+    stdout, data = _bench(tmp_path, "--repeats", "2", "--load-pages", "300", "--fio", str(fio), "--fio-grid",
+                          "tiny", "--fio-seconds", "0.2")
     for row in ("spill->durable vs raw O_DIRECT write", "reload page-first vs raw read",
                 "reload layer-first vs raw read", "reload layer-first single vs raw read",
                 "CPU: vs raw read + xxh3 in place", "batched exists", "peak staging vs cap",
-                "cold_start=load, 300 live pages"):
-        assert row in proc.stdout, row
-    data = json.loads(out.read_text())
+                "cold_start=load, 300 live pages", "fio best seq write (16x1 io_uring)",
+                "spill->durable vs fio best write", "fio best rand read (16x1 io_uring)", "vs fio best rand read",
+                "checksum: xxhash ", "store threads: io_threads=4 (writes in flight), reload_threads=4 (reads in "
+                "flight), checksums on the caller's thread + up to 1 helper(s)", "fio best: write 16x1 = 16 in flight"):
+        assert row in stdout, row
+    assert "fio absent" not in stdout
     (r,) = data["results"]
     # Each side timed once per repeat (the layer-first reference once per read mode), next to what it is the
     # reference for; CPU beside every wall time; a paired ratio per repeat.
@@ -34,10 +49,82 @@ def test_bench_smoke(tmp_path):
         assert r[f"{name}_cpu_s_per_gb"] > 0
     for name in ("page_first", "layer_first", "layer_first_single"):
         (a, b) = r[f"reload_{name}_paired"]
-        assert set(a) == {"cpu_vs_raw_xxh3", "gbps_vs_raw", "gbps_vs_raw_xxh3"} and a["cpu_vs_raw_xxh3"] > 0
+        assert set(a) == {"cpu_vs_raw_xxh3", "gbps_vs_raw", "gbps_vs_raw_xxh3", "gbps"} and a["cpu_vs_raw_xxh3"] > 0
+        assert len(r[f"reload_{name}_vs_fio"]) == 2  # each reload pass over the fio read point of its repeat
+    assert len(r["spill_vs_fio"]) == 2 and r["fio_write_gbps"] == r["fio_read_gbps"] == 2.0  # the fake's best
+    assert r["fio"]["write"]["iodepth"] == 16 and r["fio"]["read"]["engine"] == "io_uring"
+    # the sweep (3 points per kind), then fio's best point once per repeat beside the store's passes
+    runs = [c for c in calls(log) if c["name"] in ("read", "write")]
+    assert [(c["name"], c["iodepth"], c["numjobs"]) for c in runs[6:]] == [("write", "16", "1"), ("read", "16", "1")] * 2
     assert r["staging_peak_bytes"] <= r["staging_cap_bytes"] and r["layers"] == 64
     assert r["layer_first_default"] == "vectored"
     assert data["load"]["pages"] == 300 and len(data["load"]["open_load_s"]) == 2
+    assert [x["kind"] for x in data["fio_sweeps"]] == ["write", "read"]  # reusable with --fio-sweep
+
+
+def test_bench_without_fio_says_so_and_keeps_its_own_references(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_GLM_EXT_FIO"}
+    env["PATH"] = os.path.dirname(sys.executable)  # no fio there
+    stdout, data = _bench(tmp_path, "--repeats", "1", env=env)
+    assert "fio absent: fio not found" in stdout and "ratios are to the bench's own raw reference only" in stdout
+    assert "vs fio" not in stdout and "reload page-first vs raw read" in stdout
+    (r,) = data["results"]
+    assert "fio_read_gbps" not in r and r["fio"]["points"] == {"write": [None], "read": [None]}
+
+
+def test_a_reused_sweep_and_threads_from_fio(tmp_path, fake_fio):
+    """--fio-sweep: no sweep again, only the best point per repeat; --reload-threads fio: the store keeps as many
+    reads in flight as fio's best point had (the fake's best read: 16 x 1)."""
+    fio, log = fake_fio
+    _, first = _bench(tmp_path, "--repeats", "1", "--fio", str(fio), "--fio-grid", "tiny", "--fio-seconds", "0.2",
+                      "--skip-alt-modes")
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"fio_sweeps": first["fio_sweeps"]}))
+    log.write_text("")
+    stdout, data = _bench(tmp_path, "--repeats", "1", "--fio", str(fio), "--fio-sweep", str(sweep),
+                          "--reload-threads", "fio", "--fio-seconds", "0.2", "--skip-alt-modes")
+    (r,) = data["results"]
+    assert r["reload_threads"] == 16 and r["io_threads"] == 4 and r["hash_helpers"] == 4
+    assert "reload_layer_first_single_s" not in r  # --skip-alt-modes
+    runs = [(c["name"], c["iodepth"]) for c in calls(log) if c["name"] in ("read", "write")]
+    assert runs == [("write", "16"), ("read", "16")]
+
+
+def test_raw_read_xxh3_reads_into_the_host_pages_and_says_when_it_cannot(tmp_path):
+    """The CPU reference for reload: each slot read straight into the host page's own bytes (page-first and
+    layer-first), hashed there; a host page O_DIRECT refuses falls back to a ring buffer, named in the result."""
+    import numpy as np
+
+    from sglang_glm_ext.l3.disk.aligned import AlignedBuffer
+    from sglang_glm_ext.l3.disk.format import slot_bytes_for
+    from sglang_glm_ext.l3.tools import bench
+
+    page, n = 64 * 16384, 130  # one full 128-page batch and 2 more
+    slot = slot_bytes_for(page)
+    path = str(tmp_path / "raw.bin")
+    data = np.random.default_rng(1).integers(0, 256, n * slot, dtype=np.uint8)
+    data.tofile(path)
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        pytest.skip("no O_DIRECT on this file system")
+    host = AlignedBuffer(bench.BATCH * page + 4096)
+    arr = np.frombuffer(host.view, np.uint8)
+    try:
+        for layout in ("page_first", "layer_first"):
+            arr[:] = 0
+            views = bench.page_views(arr[:bench.BATCH * page], page, 64, layout)
+            t, mode = bench.raw_read_xxh3(path, n, slot, 2, page, views)
+            assert mode == "in place" and t.wall > 0 and t.cpu >= 0
+            for i in (n - 1, n - 3, 5):  # the last batch's pages, and one the last batch did not reach
+                got = b"".join(bytes(v) for v in views[i % bench.BATCH])
+                assert got == data[i * slot:i * slot + page].tobytes(), (layout, i)
+        odd = bench.page_views(arr[1:bench.BATCH * page + 1], page, 64, "page_first")  # 1 B off: refused
+        _, mode = bench.raw_read_xxh3(path, n, slot, 2, page, odd)
+        assert mode == "ring buffer (in-place read refused)"
+    finally:
+        del arr, views, odd
+        host.close()
 
 
 def test_ab_driver_runs_the_bench_file_against_both_trees(tmp_path):
