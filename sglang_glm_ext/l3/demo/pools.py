@@ -130,7 +130,8 @@ def build_host_pools(family: str, layout: str, *, layers: int = 3, page_size: in
 
 def storage_config(config_path: str, *, kv_dtype: str | None = "float8_e4m3fn", is_mla: bool = True,
                    model_name: str = "glm-test", tp_rank: int = 0, tp_size: int = 1, attn_cp_size: int = 1,
-                   attn_cp_rank: int = 0, user_extra: dict | None = None, writers_patch: bool = False):
+                   attn_cp_rank: int = 0, user_extra: dict | None = None, writers_patch: bool = False,
+                   dcp_size: int = 1):
     """The HiCacheStorageConfig SGLang's controller would build for the plugin's backend; ``writers_patch``: as the
     plugin's ``l3.cp_storage_writers`` hook returns it (every replica a writer). ``user_extra`` may carry what the
     ``l3.storage_kv_dtype`` hook adds (e.g. ``sync_group_ranks``)."""
@@ -144,7 +145,9 @@ def storage_config(config_path: str, *, kv_dtype: str | None = "float8_e4m3fn", 
         extra["kv_dtype"] = kv_dtype
     sc = HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=attn_cp_rank,
                               attn_cp_size=attn_cp_size, is_mla_model=is_mla, enable_storage_metrics=True,
-                              is_page_first_layout=False, model_name=model_name, extra_config=extra)
+                              is_page_first_layout=False, model_name=model_name, extra_config=extra,
+                              dcp_size=dcp_size, dcp_rank=tp_rank % dcp_size,
+                              logical_page_size=64 * dcp_size if dcp_size > 1 else None)
     if writers_patch:
         from ..hooks import hook_cp_writers
 
