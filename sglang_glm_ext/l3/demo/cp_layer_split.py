@@ -32,8 +32,11 @@ def _stack(plan, rank, group):
     from . import stack
 
     n = plan["world"]
+    # on a CPU SGLang's layer-split backup runs only layer_first with direct I/O (mla.py:900-912); a GPU run
+    # (plan["device"] = "cuda") takes kernel I/O and page_first through the JIT one-layer kernel
     spec = stack.StackSpec(layers=plan.get("layers", 5), device_pages=plan.get("device_pages", 32),
-                           layout="layer_first", io_backend="direct", layer_split=True)
+                           layout=plan.get("layout", "layer_first"), io_backend=plan.get("io_backend", "direct"),
+                           device=plan.get("device", "cpu"), layer_split=True)
     sa = stack.publish_server_args(
         spec, storage_backend=None, extra_config='{"prefetch_threshold": 64}',
         plugin_values={"enable_cp_l3": True, "cp_l3_config": plan["config"]},
@@ -44,11 +47,11 @@ def _stack(plan, rank, group):
     return st
 
 
-def _page_block(token0: int, layer: int, shape, dtype, salt: int = 0):
+def _page_block(token0: int, layer: int, shape, like, salt: int = 0):
     import torch
 
     g = torch.Generator().manual_seed(token0 * 1009 + layer * 7 + salt)
-    return torch.randint(0, 256, tuple(shape), dtype=torch.uint8, generator=g).view(dtype)
+    return torch.randint(0, 256, tuple(shape), dtype=torch.uint8, generator=g).to(like.device).view(like.dtype)
 
 
 def _owned(st):
@@ -64,9 +67,9 @@ def _fill(st, tokens, slots) -> None:
     for p in range(len(tokens) // PS):
         rows = slots[p * PS:(p + 1) * PS]
         for layer, buf in kv:
-            buf[rows] = _page_block(tokens[p * PS], layer, (PS, *buf.shape[1:]), buf.dtype)
+            buf[rows] = _page_block(tokens[p * PS], layer, (PS, *buf.shape[1:]), buf)
         for layer, buf in ix:
-            buf[int(rows[0]) // PS] = _page_block(tokens[p * PS], layer, buf.shape[1:], buf.dtype, salt=1)
+            buf[int(rows[0]) // PS] = _page_block(tokens[p * PS], layer, buf.shape[1:], buf, salt=1)
 
 
 def _check(st, tokens, slots) -> bool:
@@ -79,11 +82,11 @@ def _check(st, tokens, slots) -> bool:
     for p in range(len(tokens) // PS):
         rows = slots[p * PS:(p + 1) * PS]
         for layer, buf in kv:
-            want = _page_block(tokens[p * PS], layer, (PS, *buf.shape[1:]), buf.dtype)
+            want = _page_block(tokens[p * PS], layer, (PS, *buf.shape[1:]), buf)
             if not torch.equal(buf[rows].view(torch.uint8), want.view(torch.uint8)):
                 return False
         for layer, buf in ix:
-            want = _page_block(tokens[p * PS], layer, buf.shape[1:], buf.dtype, salt=1)
+            want = _page_block(tokens[p * PS], layer, buf.shape[1:], buf, salt=1)
             if not torch.equal(buf[int(rows[0]) // PS].view(torch.uint8), want.view(torch.uint8)):
                 return False
     return True

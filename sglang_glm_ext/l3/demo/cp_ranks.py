@@ -266,7 +266,8 @@ def main(argv: list[str]) -> int:
         from . import cpu_standins
 
         load_plugins()  # SGLang's own entry-point loading: the plugin's register() applies its patches
-        cpu_standins.install()
+        if plan.get("device", "cpu") == "cpu":  # a GPU run (layer split's gpu test) uses SGLang's real kernels
+            cpu_standins.install()
         dist.init_process_group("gloo", init_method=f"file://{plan['init_file']}", rank=rank,
                                 world_size=plan["world"])
         group = dist.new_group(list(range(plan["world"])), backend="gloo")

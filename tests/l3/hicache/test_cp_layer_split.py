@@ -96,3 +96,20 @@ def test_a_sigkilled_rank_loses_nothing_acknowledged_and_another_split_is_a_clea
         assert got["shard"] == f"replicated-pp0of1-lsplit{r}of2" and got["digest"] not in digests.values()
         assert got["cold_start_other_namespace_pages"] > 0  # the 3-way split's pages are kept, not served
         assert got["loaded"] == 0 and got["reload_hits"] == 0 and got["errors"] == 0
+
+
+@pytest.mark.gpu(reason="proves layer split under SGLang's real HiCache kernels (kernel I/O; page_first through the "
+                        "JIT one-layer kernel, which a CPU cannot run) with pinned host pools: 2 CP ranks on one GPU, "
+                        "gloo MINs, every rank reloads its own layers byte-exact, a corrupt or missing part cuts both")
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_layer_split_round_trips_through_sglangs_gpu_kernels(tmp_path, layout):
+    world, pages = 2, 8
+    procs, out = _spawn(tmp_path, "gpu", world, _config(tmp_path, world), "lsplit_hits", layers=LAYERS, pages=pages,
+                        lag=3, corrupt_page=5, keep=2, device="cuda", layout=layout, io_backend="kernel")
+    res = _results(procs, out, time.monotonic() + RUN_TIMEOUT)
+    for r in range(world):
+        got = res[r]
+        assert got["loaded"] == pages * PS and got["bytes_ok"]
+        assert got["loaded_lag"] == 3 * PS and got["bytes_ok_lag"]
+        assert got["loaded_corrupt"] == 5 * PS and got["bytes_ok_corrupt"]
+        assert got["loaded_missing"] == 2 * PS and got["bytes_ok_missing"]
