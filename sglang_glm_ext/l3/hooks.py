@@ -14,7 +14,9 @@ instead of a traceback from ``resolve_once``.
 
 ``l3.storage_kv_dtype`` (AFTER ``HiCacheController._generate_storage_config``): SGLang's ``HiCacheStorageConfig``
 has no KV dtype (0.5.23 TODO, issue #33268); for the plugin's backend only, the controller's device pool dtype is
-added to the extra config, so e4m3 and e5m2 KV (both uint8 on the host) get different namespaces.
+added to the extra config, so e4m3 and e5m2 KV (both uint8 on the host) get different namespaces. The same hook adds
+the ranks of the controller's storage MIN groups (``sync_group_ranks``): under DSA cache layer split the backend
+attaches only where one of them holds every rank of its layer-shard group.
 
 ``l3.cp_storage_writers`` (AFTER the same method): stock 0.5.23 lets one rank write replicated (MLA/DSA) pages
 (``is_storage_writer``: ``tp_rank == dcp_rank``; ``HiCacheController.backup_skip`` and the hybrid controller's
@@ -32,10 +34,10 @@ from typing import Any
 
 from ..declare import PluginFlagError, carried_values
 from .feature import CP_L3_CONFIG, ENABLE_CP_L3, check_config
-from .hicache import extra_config
+from .hicache import extra_config, parts
 
 __all__ = ["translate", "hook_resolve_once", "hook_from_cli_args", "hook_storage_config", "hook_cp_writers",
-           "server_launched", "TRANSLATED_ATTR", "ALL_REPLICAS_WRITE_ATTR"]
+           "sync_group_ranks", "server_launched", "TRANSLATED_ATTR", "ALL_REPLICAS_WRITE_ATTR"]
 
 TRANSLATED_ATTR = "_glm_ext_l3"  # bookkeeping on the record (pickled to schedulers): what the plugin set
 _LAUNCHED = False
@@ -68,8 +70,9 @@ def translate(server_args) -> bool:
     """Turn the plugin's L3 flags on ``server_args`` into SGLang's storage-backend fields, once. True when it did.
 
     Raises PluginFlagError (a ValueError; the CLI hook turns it into a one-line exit) before serving when:
-    HiCache is off, a storage backend is already named, KV-cache sharding is on, buffer_only host memory is
-    asked for, or the config is missing, invalid, unwritable, or requires PLP on a disk not known safe.
+    HiCache is off, a storage backend is already named, KV-cache sharding or decode context parallelism is on (each
+    with its reason), buffer_only host memory is asked for, or the config is missing, invalid, unwritable, or
+    requires PLP on a disk not known safe.
     """
     if getattr(server_args, "_resolution_finished", False) or getattr(server_args, TRANSLATED_ATTR, None):
         return False
@@ -83,16 +86,14 @@ def translate(server_args) -> bool:
     if named is not None:
         raise PluginFlagError(f"--enable-cp-l3 selects the HiCache storage backend itself; drop "
                               f"--hicache-storage-backend {named}")
+    # --enable-dsa-cache-layer-split is served: each CP rank spills and reloads its own layers under a namespace
+    # naming its part (hicache/parts.py, plan.py; docs_internal/l3_cp.md). The two modes below stay refused.
     if getattr(server_args, "enable_kv_cache_sharding", False):
-        raise PluginFlagError("--enable-cp-l3 does not support --enable-kv-cache-sharding yet: SGLang's storage "
-                              "path moves whole pages per rank, not each rank's stripe")
-    if getattr(server_args, "enable_dsa_cache_layer_split", False):
-        raise PluginFlagError("--enable-cp-l3 does not serve --enable-dsa-cache-layer-split: each CP rank's host "
-                              "pool then holds its own layers of a page, so pages are per rank, not replicated; "
-                              "L3 under CP serves replicated KV (plain attention CP)")
+        raise PluginFlagError(f"--enable-cp-l3 does not serve --enable-kv-cache-sharding: "
+                              f"{parts.KV_SHARDING_REFUSED}")
     if int(getattr(server_args, "dcp_size", 1) or 1) > 1:
-        raise PluginFlagError("--enable-cp-l3 does not serve decode context parallelism (--dcp-size > 1): SGLang "
-                              "0.5.23 allows L3 under DCP only for its file and Mooncake backends")
+        raise PluginFlagError(f"--enable-cp-l3 does not serve decode context parallelism (--dcp-size > 1): "
+                              f"{parts.DCP_REFUSED}")
     if getattr(server_args, "hicache_host_memory_mode", "cache") != "cache":
         raise PluginFlagError("--enable-cp-l3 needs --hicache-host-memory-mode cache (buffer_only is not served)")
     path = CP_L3_CONFIG.value_in(values)
@@ -134,7 +135,8 @@ def hook_from_cli_args(server_args, cls, ns, *args, **kwargs):
 
 
 def hook_storage_config(result, self, *args, **kwargs):
-    """AFTER HiCacheController._generate_storage_config: give the plugin's backend the logical KV dtype."""
+    """AFTER HiCacheController._generate_storage_config: give the plugin's backend the logical KV dtype, and the
+    ranks of the groups the controller's storage MINs reduce over (for the attach check of a part group)."""
     extra = getattr(result, "extra_config", None)
     if isinstance(extra, dict) and extra.get("backend_name") == extra_config.BACKEND_NAME:
         dev = getattr(self, "mem_pool_device", None)
@@ -142,7 +144,34 @@ def hook_storage_config(result, self, *args, **kwargs):
         if dtype is not None:
             extra["kv_dtype"] = str(dtype).removeprefix("torch.")
             extra["kv_device_pool"] = type(dev).__name__
+        groups = sync_group_ranks(self)
+        if groups is not None:
+            extra[extra_config.SYNC_GROUPS_KEY] = groups
     return result
+
+
+def sync_group_ranks(controller) -> "list[list[int]] | None":
+    """The global ranks of each group ``HiCacheController._create_sync_groups`` (``cache_controller.py:404-431``)
+    builds its storage MIN groups from, in its order (attention CP and attention TP, else TP; then PP; trivial and
+    repeated rank sets left out); None when they cannot be read (no process group initialised)."""
+    import torch.distributed as dist
+
+    cp, atp, tp, pp = (getattr(controller, n, None) for n in ("attn_cp_group", "attn_tp_group", "tp_group",
+                                                              "pp_group"))
+    base = [cp, atp] if cp is not None or atp is not None else [tp]
+    if pp is not None:
+        base.append(pp)
+    out: list[list[int]] = []
+    try:
+        for group in base:
+            if group is None or dist.get_world_size(group=group) == 1:
+                continue
+            ranks = [int(r) for r in dist.get_process_group_ranks(group)]
+            if ranks not in out:
+                out.append(ranks)
+    except Exception:  # noqa: BLE001 - unreadable groups: the attach refuses what needs them
+        return None
+    return out
 
 
 _ALL_WRITER_CLASSES: dict = {}

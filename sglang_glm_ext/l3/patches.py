@@ -20,7 +20,8 @@ PATCHES: tuple[Patch, ...] = (
         reason="Turn --enable-cp-l3 --cp-l3-config into hicache_storage_backend='dynamic' plus the plugin's extra "
         "config on the record before SGLang resolves it, so SGLang's own checks (e.g. storage vs KV sharding) "
         "run on the result; refuse in plugin words before serving (no HiCache, an explicit storage backend, KV "
-        "sharding, buffer_only, bad/unwritable config, require_plp on an unsafe disk). Every launch path "
+        "sharding and decode CP with their reasons, buffer_only, bad/unwritable config, require_plp on an unsafe "
+        "disk). Every launch path "
         "(launch_server, serve, --config YAML, Engine) reaches resolve_once; a named backend cannot be "
         "registered in 0.5.23 (backend_factory.py ends in 'Unknown built-in backend').",
         seed_lines="458-486 (--enable-cp-l3, --cp-l3-config)",
@@ -49,7 +50,9 @@ PATCHES: tuple[Patch, ...] = (
         hook="sglang_glm_ext.l3.hooks:hook_storage_config",
         reason="HiCacheStorageConfig has no KV dtype (0.5.23 TODO in hicache_storage.py, SGLang issue #33268); "
         "for the plugin's backend only, add the device pool's logical dtype to its extra config, so e4m3 and "
-        "e5m2 KV (both uint8 on the host) never share L3 pages.",
+        "e5m2 KV (both uint8 on the host) never share L3 pages. It also adds the ranks of the groups the "
+        "controller's storage MINs reduce over (_create_sync_groups' sources), so under DSA cache layer split the "
+        "backend attaches only where one of them holds every rank of its layer-shard group (no partial page).",
         seed_lines="476-521 (namespace: dtype is part of a page's identity)",
         remove_when="HiCacheStorageConfig carries the KV dtype (SGLang issue #33268).",
         signature=("self", "model_name", "storage_backend_extra_config"),

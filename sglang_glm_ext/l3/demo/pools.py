@@ -63,8 +63,14 @@ class HostPools:
 
 def build_host_pools(family: str, layout: str, *, layers: int = 3, page_size: int = 64, device_pages: int = 8,
                      kv_dtype: str = "float8_e4m3fn", draft_layers: int = 0, head_num: int = 2,
-                     head_dim: int = 64, with_indexer: bool = True) -> HostPools:
-    """``family``: "dsa" (MLA KV + DSA indexer, GLM-5 shaped), "mla" (MLA KV only) or "mha" (GLM-4.x shaped)."""
+                     head_dim: int = 64, with_indexer: bool = True,
+                     layer_split: "tuple[int, int] | None" = None) -> HostPools:
+    """``family``: "dsa" (MLA KV + DSA indexer, GLM-5 shaped), "mla" (MLA KV only) or "mha" (GLM-4.x shaped).
+
+    ``layer_split=(rank, size)`` ("dsa" only): SGLang's ``LayerSplitDSATokenToKVPool`` for that CP rank and its KV
+    host pool built by SGLang's own ``build_kv_host_pool`` (``layer_shard_enabled``, ``ceil(L / size)`` host layers),
+    which reads the layout from the published server args and the CP group from the published topology
+    (``stack.publish_server_args`` with ``stack.layer_split_parallel``)."""
     import torch
     from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import _build_mha_mla_host_pool
     from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MHATokenToKVPool, MLATokenToKVPool
@@ -81,8 +87,24 @@ def build_host_pools(family: str, layout: str, *, layers: int = 3, page_size: in
                                         enable_memory_saver=False, kv_cache_dim=656)
             return MLATokenToKVPool(size, page_size, dtype, 512, 64, n, "cpu", False)
 
-        dev = device_pool(layers)
         drafts = tuple(device_pool(1) for _ in range(draft_layers))
+        if layer_split is not None:
+            if family != "dsa" or drafts:
+                raise ValueError("layer_split: a DSA pool without packed draft layers")
+            from sglang.srt.mem_cache.dsa_cache_layer_split import LayerSplitDSATokenToKVPool
+            from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import build_kv_host_pool
+
+            dev = LayerSplitDSATokenToKVPool(
+                size=size, page_size=page_size, kv_lora_rank=512, dtype=dtype, qk_rope_head_dim=64,
+                layer_num=layers, device="cpu", index_head_dim=128, enable_memory_saver=False, kv_cache_dim=656,
+                layer_shard_rank=layer_split[0], layer_shard_size=layer_split[1])
+            kv = build_kv_host_pool(kv_pool=dev, page_size=page_size)
+            if kv.layout != layout:
+                raise ValueError(f"layer_split: the published host layout is {kv.layout!r}, {layout!r} asked")
+            pools["kv"] = kv
+            pools["indexer"] = DSAIndexerPoolHost(decl=make_dsa_indexer_pool_decl(dev), anchor_host=kv)
+            return HostPools(family, layout, page_size, pools, dev, kv_dtype)
+        dev = device_pool(layers)
         kv = _build_mha_mla_host_pool(pool=dev, host_to_device_ratio=2.0, page_size=page_size, layout=layout,
                                       allocator_type="default", pool_label="kv")
         if drafts:
@@ -108,9 +130,11 @@ def build_host_pools(family: str, layout: str, *, layers: int = 3, page_size: in
 
 def storage_config(config_path: str, *, kv_dtype: str | None = "float8_e4m3fn", is_mla: bool = True,
                    model_name: str = "glm-test", tp_rank: int = 0, tp_size: int = 1, attn_cp_size: int = 1,
-                   attn_cp_rank: int = 0, user_extra: dict | None = None, writers_patch: bool = False):
+                   attn_cp_rank: int = 0, user_extra: dict | None = None, writers_patch: bool = False,
+                   dcp_size: int = 1):
     """The HiCacheStorageConfig SGLang's controller would build for the plugin's backend; ``writers_patch``: as the
-    plugin's ``l3.cp_storage_writers`` hook returns it (every replica a writer)."""
+    plugin's ``l3.cp_storage_writers`` hook returns it (every replica a writer). ``user_extra`` may carry what the
+    ``l3.storage_kv_dtype`` hook adds (e.g. ``sync_group_ranks``)."""
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
     from ..hicache import extra_config
@@ -121,7 +145,9 @@ def storage_config(config_path: str, *, kv_dtype: str | None = "float8_e4m3fn", 
         extra["kv_dtype"] = kv_dtype
     sc = HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=attn_cp_rank,
                               attn_cp_size=attn_cp_size, is_mla_model=is_mla, enable_storage_metrics=True,
-                              is_page_first_layout=False, model_name=model_name, extra_config=extra)
+                              is_page_first_layout=False, model_name=model_name, extra_config=extra,
+                              dcp_size=dcp_size, dcp_rank=tp_rank % dcp_size,
+                              logical_page_size=64 * dcp_size if dcp_size > 1 else None)
     if writers_patch:
         from ..hooks import hook_cp_writers
 

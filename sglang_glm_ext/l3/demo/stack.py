@@ -15,7 +15,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["StackSpec", "DsaStack", "publish_server_args"]
+__all__ = ["StackSpec", "DsaStack", "publish_server_args", "CpGroupStandin", "layer_split_parallel"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ class StackSpec:
     tree_core_backend: str = "python"
     device: str = "cpu"  # "cuda" on a GPU node with SGLang: real kernels and pinned host pools, no stand-ins
     metrics: bool = False  # SGLang's --enable-metrics as the scheduler hands it on (CacheInitParams.enable_metrics)
+    # --enable-dsa-cache-layer-split: the target pool is SGLang's LayerSplitDSATokenToKVPool for the published
+    # attention-CP rank (publish ``layer_split_parallel``); the host pools are what its assembler makes of it
+    layer_split: bool = False
 
 
 def publish_server_args(spec: StackSpec, *, storage_backend: str | None, extra_config: str | None,
@@ -79,6 +82,32 @@ def publish_server_args(spec: StackSpec, *, storage_backend: str | None, extra_c
     get_parallel().override_permanently(**{"tp_rank": 0, "tp_size": 1, "pp_rank": 0, "pp_size": 1,
                                            **(parallel or {})})
     return server_args
+
+
+@dataclass(frozen=True)
+class CpGroupStandin:
+    """What SGLang's layer-split DSA pool and the L3 attach read of the published attention-CP ``GroupCoordinator``
+    (``world_size``, ``rank_in_group``, ``ranks``, ``cpu_group``; ``pynccl_comm`` None: the pool then skips its NCCL
+    broadcast communicator, ``dsa_cache_layer_split.py:256-259``). ``cpu_group``: the gloo group of a multi-process
+    run, or None."""
+
+    ranks: tuple
+    rank_in_group: int
+    cpu_group: Any = None
+    pynccl_comm: Any = None
+    device: str = "cpu"
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+
+def layer_split_parallel(rank: int, size: int, group: Any = None, ranks: tuple | None = None) -> dict:
+    """The published topology of attention-CP rank ``rank`` of ``size`` (attention TP 1) with DSA cache layer split,
+    for ``publish_server_args(parallel=...)`` / ``get_parallel().override(...)``."""
+    group_ranks = tuple(range(size)) if ranks is None else tuple(ranks)
+    return {"tp_rank": rank, "tp_size": size, "attn_cp_rank": rank, "attn_cp_size": size, "attn_tp_size": 1,
+            "moe_tp_size": size, "attn_cp_group": CpGroupStandin(group_ranks, rank, group)}
 
 
 def _dtype(name: str):
@@ -123,7 +152,18 @@ class DsaStack:
                 index_head_dim=spec.index_head_dim, enable_memory_saver=False, kv_cache_dim=spec.kv_cache_dim,
             )
 
-        kv_pool = dsa_pool(spec.layers)
+        if spec.layer_split:
+            from sglang.srt.mem_cache.dsa_cache_layer_split import LayerSplitDSATokenToKVPool
+            from sglang.srt.runtime_context import get_parallel
+
+            par = get_parallel()
+            kv_pool = LayerSplitDSATokenToKVPool(
+                size=size, page_size=spec.page_size, kv_lora_rank=spec.kv_lora_rank, dtype=dtype,
+                qk_rope_head_dim=spec.qk_rope_head_dim, layer_num=spec.layers, device=spec.device,
+                index_head_dim=spec.index_head_dim, enable_memory_saver=False, kv_cache_dim=spec.kv_cache_dim,
+                layer_shard_rank=par.attn_cp_rank, layer_shard_size=par.attn_cp_size)
+        else:
+            kv_pool = dsa_pool(spec.layers)
         drafts = tuple(dsa_pool(1) for _ in range(spec.draft_layers))
         allocator = PagedTokenToKVPoolAllocator(size, spec.page_size, dtype, spec.device, kvcache=kv_pool,
                                                 need_sort=False)
@@ -172,12 +212,15 @@ class DsaStack:
 
     # ------------------------------------------------------------------ device bytes
     def fill_device(self, indices, seed: int) -> None:
-        """Random bytes into every layer's KV and indexer rows at ``indices`` (token slots)."""
+        """Random bytes into every layer's KV and indexer rows at ``indices`` (token slots). Layers this rank does
+        not hold (0-row buffers under layer split) are skipped."""
         import torch
 
         g = torch.Generator().manual_seed(seed)
         for pool in (self.kv_pool, *self.draft_pools, *self.sidecar_pools):
             for buf in pool.kv_buffer:
+                if buf.shape[0] == 0:
+                    continue
                 rows = buf[indices]
                 buf[indices] = torch.randint(0, 256, rows.shape, dtype=torch.uint8, generator=g).to(
                     buf.device).view(buf.dtype)
@@ -196,7 +239,7 @@ class DsaStack:
         pages = torch.unique(indices // self.spec.page_size)
         out = []
         for pool in (self.kv_pool, *self.draft_pools, *self.sidecar_pools):
-            out += [buf[indices].clone() for buf in pool.kv_buffer]
+            out += [buf[indices].clone() for buf in pool.kv_buffer if buf.shape[0]]
             out += [buf[pages].clone() for buf in pool.index_k_with_scale_buffer if buf.numel()]
         return out
 

@@ -11,7 +11,9 @@ Plan apart from run (as SGLang's HF3FS and Mooncake backends keep theirs):
 * ``plan.py``: the attach plan, decided once (served pools as frozen per-pool records, namespace, L3 rank, CP
   writers), from ``sglang_pools.py`` (what it reads off SGLang's host pools and runtime context),
   ``pool_plans.py`` (host pool layouts -> ``PageLayout``, the written layout decisions), ``keys.py`` (string keys,
-  namespaces, sidecar pools' format-bound keys), ``cp_writers.py`` (node placement, one owner per page under CP)
+  namespaces, sidecar pools' format-bound keys), ``cp_writers.py`` (node placement, one owner per page under CP),
+  ``parts.py`` (the part of a page a CP rank holds under DSA cache layer split, the MIN-coverage check, the
+  KV-sharding stripe and the refusals of the modes not served)
   and ``extra_config.py`` (what SGLang's ``dynamic`` factory hands the backend).
 * ``datapath.py``: the run: SGLang's calls against the store with nothing left to decide.
 * ``metrics.py``: the ``sglang:cp_l3_*`` metrics and when an attach pushes them.

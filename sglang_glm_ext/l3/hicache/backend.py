@@ -25,7 +25,9 @@ the pool's own payload kind (a sidecar pool's keys are bound to its byte format,
 
 Under context parallelism (``docs_internal/l3_cp.md``) replicated (MLA/DSA) pages have a CP-rank-free namespace and,
 with the plugin's ``l3.cp_storage_writers`` patch, each page is written by one owner among its node's replicas
-(``cp_writers.WriterPlan``). :meth:`get_stats` hands SGLang its ``StorageMetrics`` by swapping bounded sample lists.
+(``cp_writers.WriterPlan``); under DSA cache layer split each CP rank's part has a namespace of its own and the rank
+writes it itself (``parts.LayerPart``). :meth:`get_stats` hands SGLang its ``StorageMetrics`` by swapping bounded
+sample lists.
 """
 
 from __future__ import annotations
@@ -122,7 +124,8 @@ class L3HiCacheStorage(HiCacheStorage):
         try:
             plan = plan_attach(sc, self.config, self.pools, host_memory_mode=sglang_pools.host_memory_mode(),
                                topology=lambda: sglang_pools.topology(sc),
-                               kv_dtype=lambda: sglang_pools.kv_dtype(sc, self.pools))
+                               kv_dtype=lambda: sglang_pools.kv_dtype(sc, self.pools),
+                               layer_part=lambda: sglang_pools.layer_part(sc, self.pools))
             from ..engine.store import L3Store
 
             store = L3Store.open(self.config, rank=plan.rank, namespace=plan.namespace.to_namespace(),
@@ -137,12 +140,12 @@ class L3HiCacheStorage(HiCacheStorage):
         self._metrics = metrics.attach(self)
         st = store.stats()
         logger.info("sglang-glm-ext L3 backend attached: rank %d (cp %d/%d, writes %s of %d writer(s)), pools %s, "
-                    "namespace %s, cold_start=%s (%d pages loaded), %d attach(es) share the store", plan.rank,
+                    "namespace %s (%s), cold_start=%s (%d pages loaded), %d attach(es) share the store", plan.rank,
                     self.cp_rank, self.cp_size, "its share" if plan.writers.me >= 0 else "nothing",
                     len(plan.writers.writers),
                     {n: f"{r.plan.fmt.layout}/{r.page_bytes}B" for n, r in plan.pools.items()},
-                    plan.namespace.sealed_digest().hex(), st["cold_start"], st["cold_start_loaded_pages"],
-                    store.shared.refs)
+                    plan.namespace.sealed_digest().hex(), plan.namespace.shard.tag(), st["cold_start"],
+                    st["cold_start_loaded_pages"], store.shared.refs)
 
     def _serve_late(self, name: str, pool) -> None:
         """A sidecar draft pool registered after the store opened: its own record, its kind added to the store,

@@ -53,6 +53,9 @@ class Topology:
     attn_cp_size: int = 1
     attn_dp_size: int = 1
     nnodes: int = 1
+    # DSA cache layer split: each attention-CP rank holds its own layers of a page, so only the ranks of the same
+    # CP rank (its attention-TP ranks) hold the same bytes (``parts.LayerPart``)
+    cp_parts: bool = False
 
     def __post_init__(self):
         if min(self.tp_size, self.pp_size, self.attn_cp_size, self.attn_dp_size, self.nnodes) < 1:
@@ -106,7 +109,11 @@ class Topology:
 
     def replicas(self) -> tuple[int, ...]:
         """TP ranks holding the same replicated (MLA/DSA) pages as this one: its pipeline stage, its attention-DP
-        group, every CP and attention-TP rank."""
+        group, every CP and attention-TP rank; with ``cp_parts`` only the attention-TP ranks of its own CP rank
+        (the others hold other layers)."""
+        if self.cp_parts:
+            first = (self.tp_rank // self.attn_tp_size) * self.attn_tp_size
+            return tuple(range(first, first + self.attn_tp_size))
         width = self.attn_cp_size * self.attn_tp_size
         first = (self.tp_rank // width) * width
         return tuple(range(first, first + width))

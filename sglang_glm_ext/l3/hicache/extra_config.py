@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 __all__ = ["BACKEND_NAME", "MODULE_PATH", "CLASS_NAME", "SGLANG_CONTROLLER_KEYS", "ALL_REPLICAS_WRITE_ATTR",
-           "build", "parse", "config_digest", "AttachError", "dump_json"]
+           "SYNC_GROUPS_KEY", "build", "parse", "config_digest", "AttachError", "dump_json"]
 
 BACKEND_NAME = "sglang_glm_ext.l3"
 MODULE_PATH = "sglang_glm_ext.l3.hicache.backend"
@@ -23,6 +23,9 @@ CLASS_NAME = "L3HiCacheStorage"
 # parse_storage_backend_extra_config, cache_controller.py _generate_storage_config); a user may pass them.
 # Set (True) on a storage config the l3.cp_storage_writers patch rewrote: SGLang calls batch_set on every replica.
 ALL_REPLICAS_WRITE_ATTR = "l3_all_replicas_write"
+# Set by the l3.storage_kv_dtype hook: the global ranks of each group the controller's storage MIN agreements reduce
+# over (the groups _create_sync_groups builds from), for the attach check of a rank's part group (parts.uncovered).
+SYNC_GROUPS_KEY = "sync_group_ranks"
 SGLANG_CONTROLLER_KEYS = ("prefetch_threshold", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
                           "hicache_storage_pass_prefix_keys")
 

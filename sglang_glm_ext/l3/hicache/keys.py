@@ -88,7 +88,12 @@ class ShardIdentity:
     layers (also in the layer range). Decode-context-parallel ranks hold disjoint token slices of a page.
     Attention-DP replicas of the same shard hold the same bytes and share pages on purpose, and so do attention-CP
     ranks: DSA all-gathers the KV before it is saved, so CP ranks are replicas (one owner writes each page,
-    ``cp_writers.py``); no CP rank here.
+    ``cp_writers.py``); no CP rank here. Except under DSA cache layer split, where CP rank ``r`` of ``N`` holds its
+    own layers of every page: ``layer_shard_rank`` / ``layer_shard_size`` name that part (its layer range is the
+    namespace's ``layer_start`` / ``layer_end``), so two parts never share a digest even when their byte counts
+    match. ``kv_shard_size``: the KV-sharding group a page's holder is chosen in (no rank: the holder of a page
+    changes with the chain's rotation, ``parts.kv_stripe``; the page's bytes are the whole page on every holder).
+    Every field left at its default adds nothing to :meth:`tag`, so existing namespaces keep their digests.
     """
 
     replicated: bool
@@ -98,12 +103,19 @@ class ShardIdentity:
     pp_size: int = 1
     dcp_rank: int = 0
     dcp_size: int = 1
+    layer_shard_rank: int = 0
+    layer_shard_size: int = 1
+    kv_shard_size: int = 1
 
     def tag(self) -> str:
         parts = ["replicated" if self.replicated else f"tp{self.tp_rank}of{self.tp_size}",
                  f"pp{self.pp_rank}of{self.pp_size}"]
         if self.dcp_size > 1:
             parts.append(f"dcp{self.dcp_rank}of{self.dcp_size}")
+        if self.layer_shard_size > 1:
+            parts.append(f"lsplit{self.layer_shard_rank}of{self.layer_shard_size}")
+        if self.kv_shard_size > 1:
+            parts.append(f"kvshard{self.kv_shard_size}")
         return "-".join(parts)
 
 
@@ -116,7 +128,7 @@ class NamespaceSpec:
     kv_dtype: str              # logical KV dtype (float8_e4m3fn and float8_e5m2 are both uint8 on the host)
     host_layout: str           # --hicache-mem-layout
     page_size: int             # tokens per page
-    layer_start: int           # this stage's model layers [start, end)
+    layer_start: int           # the model layers this rank stores [start, end): its stage, or its layer-split part
     layer_end: int
     pools: tuple[PoolFormat, ...]
     shard: ShardIdentity

@@ -12,6 +12,7 @@ attach loudly, before serving.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from dataclasses import dataclass
 from typing import Mapping
@@ -19,8 +20,9 @@ from typing import Mapping
 from ..config import L3Config
 from ..disk.format import PayloadKind
 from .cp_writers import Topology, TopologyError, WriterPlan
-from .extra_config import ALL_REPLICAS_WRITE_ATTR, AttachError
+from .extra_config import ALL_REPLICAS_WRITE_ATTR, SYNC_GROUPS_KEY, AttachError
 from .keys import NamespaceSpec, ShardIdentity, pool_tag
+from .parts import DCP_REFUSED, LayerPart, uncovered
 from .pool_plans import LayoutRefused, PoolPlan, plan_pool
 from .sglang_pools import check_against_sglang_pointers, pool_geometry
 
@@ -78,15 +80,20 @@ class AttachPlan:
 
 
 def plan_attach(storage_config, config: L3Config, pools: Mapping[str, object], *, host_memory_mode: str,
-                topology, kv_dtype) -> AttachPlan:
-    """Decide everything for one attach. ``topology`` / ``kv_dtype`` are called to read them (SGLang's published
-    context): only once the cheaper refusals have passed."""
+                topology, kv_dtype, layer_part=lambda: None) -> AttachPlan:
+    """Decide everything for one attach. ``topology`` / ``kv_dtype`` / ``layer_part`` are called to read them
+    (SGLang's published context): only once the cheaper refusals have passed.
+
+    Invariant: a rank that holds its own part of each page (``layer_part()``: DSA cache layer split) gets a
+    namespace naming that part (its layer-shard rank and size in the shard tag, its layer range as the namespace's
+    layers), writes its part itself (owners only among the ranks holding the same part), and attaches only where
+    SGLang's storage MIN groups hold every rank of its part group (``parts.uncovered``)."""
     sc = storage_config
     if host_memory_mode != "cache":
         raise AttachError(f"--hicache-host-memory-mode {host_memory_mode} is not served (host memory must be the "
                           "L2 cache tier; buffer_only is not supported by the L3 backend yet)")
     if sc.dcp_size > 1:
-        raise AttachError(f"decode context parallelism (dcp_size={sc.dcp_size}) is not served")
+        raise AttachError(f"decode context parallelism (dcp_size={sc.dcp_size}) is not served: {DCP_REFUSED}")
     if KV not in pools:
         raise AttachError("no KV host pool was registered")
     for name, pool in pools.items():
@@ -97,17 +104,21 @@ def plan_attach(storage_config, config: L3Config, pools: Mapping[str, object], *
     records = {name: _record(name, pool, anchor) for name, pool in pools.items()}
     if any(n in SIDECAR_POOLS for n in records) and not config.addable_kinds:
         raise AttachError(sidecar_needs_weights(config))
+    part = layer_part()
+    if part is not None:
+        _check_layer_split(sc, part)
     shard = ShardIdentity(replicated=bool(sc.is_mla_model), tp_rank=0 if sc.is_mla_model else sc.tp_rank,
                           tp_size=1 if sc.is_mla_model else sc.tp_size, pp_rank=sc.pp_rank, pp_size=sc.pp_size,
-                          dcp_rank=sc.dcp_rank, dcp_size=sc.dcp_size)
+                          dcp_rank=sc.dcp_rank, dcp_size=sc.dcp_size,
+                          layer_shard_rank=part.rank if part else 0, layer_shard_size=part.size if part else 1)
     ns = NamespaceSpec(
         deployment_id=config.deployment_id,
         model=sc.model_name or "",
         kv_dtype=kv_dtype(),
         host_layout=anchor.layout,
         page_size=anchor.page_size,
-        layer_start=int(anchor.start_layer),
-        layer_end=int(anchor.end_layer) + 1,
+        layer_start=part.layer_start if part else int(anchor.start_layer),
+        layer_end=part.layer_end if part else int(anchor.end_layer) + 1,
         # Sidecar pools are bound through their keys instead (pool_keys): the namespace must not depend on
         # whether SGLang registered them before or after the store opened.
         pools=tuple(records[n].plan.fmt for n in sorted(records) if n not in SIDECAR_POOLS),
@@ -115,8 +126,13 @@ def plan_attach(storage_config, config: L3Config, pools: Mapping[str, object], *
     )
     try:
         topo = topology()
+        if part is not None:
+            topo = dataclasses.replace(topo, cp_parts=True)
     except TopologyError as exc:
         raise AttachError(f"cannot place this rank on a node: {exc}") from exc
+    if part is not None and topo.attn_cp_rank != part.rank:
+        raise AttachError(f"DSA cache layer split: layer-shard rank {part.rank} but attention-CP rank "
+                          f"{topo.attn_cp_rank} in the published topology")
     rank = topo.local_rank
     if not 0 <= rank < config.num_ranks:
         raise AttachError(f"this process is L3 rank {rank} of its node (tp_rank {topo.tp_rank}, pp_rank "
@@ -152,6 +168,24 @@ def _record(name: str, pool, anchor) -> PoolRecord:
         raise LayoutRefused(f"host pool {name!r} pages hold {plan.geometry.page_size} tokens, KV pages "
                             f"{anchor.page_size}")
     return PoolRecord(name, plan, POOL_KINDS[name], pool_tag(plan.fmt) if name in SIDECAR_POOLS else None)
+
+
+def _check_layer_split(storage_config, part: LayerPart) -> None:
+    """Layer split is served only where it cannot give a partial page or leave a part unwritten."""
+    if not storage_config.is_mla_model:
+        raise AttachError("DSA cache layer split on a pool SGLang does not call rank-replicated (is_mla_model False)")
+    if not getattr(storage_config, ALL_REPLICAS_WRITE_ATTR, False):
+        raise AttachError(
+            f"DSA cache layer split: CP rank {part.rank} of {part.size} holds its own layers of every page but the "
+            "plugin's l3.cp_storage_writers patch is not in place, so SGLang lets only TP rank 0 write and every other "
+            "part would stay empty (see `sglang-glm-ext doctor`)")
+    groups = (storage_config.extra_config or {}).get(SYNC_GROUPS_KEY)
+    if groups is None:
+        raise AttachError("DSA cache layer split: the ranks of the controller's storage MIN groups are unknown (the "
+                          "plugin's l3.storage_kv_dtype patch did not run), so a page could hit with a part missing")
+    why = uncovered(part.group_ranks, groups)
+    if why:
+        raise AttachError(f"DSA cache layer split: {why}")
 
 
 def _writer_plan(storage_config, topo: Topology, mode: str) -> WriterPlan:

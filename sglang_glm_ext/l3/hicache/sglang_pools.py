@@ -9,10 +9,11 @@ import torch
 
 from .cp_writers import Topology, TopologyError
 from .extra_config import AttachError
+from .parts import DCP_REFUSED, KV_SHARDING_REFUSED, LayerPart
 from .pool_plans import Buffer, LayoutRefused, PoolGeometry, PoolPlan, plan_pool
 
 __all__ = ["pool_geometry", "check_against_sglang_pointers", "kv_dtype", "topology", "host_memory_mode",
-           "pool_name"]
+           "pool_name", "layer_part"]
 
 
 def pool_name(name) -> str:
@@ -29,18 +30,21 @@ def pool_geometry(name: str, pool) -> PoolGeometry:
 
     cls = type(pool)
     where = f"host pool {name!r} ({cls.__module__}.{cls.__name__})"
+    if cls.__name__ == "PageInterleaveHostPool":
+        # Its host indices are logical (widened) slots: read as physical they name another page or none at all.
+        raise LayoutRefused(f"{where}: the KV-sharded (page-interleave) host pool is not served: "
+                            f"{KV_SHARDING_REFUSED}")
     if cls not in (MLATokenToKVPoolHost, DSAIndexerPoolHost, MHATokenToKVPoolHost):
         raise LayoutRefused(
             f"{where} is not served by L3: it serves MLA/DSA (GLM-5) and MHA (GLM-4.x) KV and the DSA indexer; "
             "Mamba, SWA, DeepSeek-V4 compressed, HiSparse, FP4/MXFP8-scaled and page-envelope pools are refused")
     if getattr(pool, "dcp_size", 1) != 1:
-        raise LayoutRefused(f"{where}: decode context parallelism (dcp_size={pool.dcp_size}) is not served")
+        raise LayoutRefused(f"{where}: decode context parallelism (dcp_size={pool.dcp_size}) is not served: "
+                            f"{DCP_REFUSED}")
     layout = pool.layout
     if cls is MLATokenToKVPoolHost:
         if getattr(pool, "_is_dummy", False) or pool.kv_buffer is None:
             raise LayoutRefused(f"{where}: allocator-only MLA host pool holds no bytes to store")
-        if getattr(pool, "_layer_shard_enabled", False):
-            raise LayoutRefused(f"{where}: CP layer-sharded MLA host pool is not served (next issue)")
         if layout == "page_first_kv_split":
             plan_pool(PoolGeometry(name, "mla", layout, 1, 1, 1, 1, ()))  # raises the written decision
         buf = pool.kv_buffer
@@ -130,3 +134,51 @@ def host_memory_mode() -> str:
         return get_memory().hicache_host_memory_mode
     except Exception:  # noqa: BLE001 - nothing published (unit tests): the default
         return "cache"
+
+
+def layer_part(storage_config, pools: dict) -> LayerPart | None:
+    """This rank's part under DSA cache layer split (None when the KV host pool is not layer-sharded), read from
+    every place SGLang keeps it and refused (AttachError) unless they all agree: the MLA host pool
+    (``_layer_shard_enabled``, ``_target_layer_indices``, ``_device_layer_num``), the indexer's device pool
+    (``LayerSplitDSATokenToKVPool.layer_shard_rank/size``, its owned range), the published attention-CP group
+    (``get_parallel``, what SGLang's pool builder split by, ``layers/cp/utils.py:61-73``) and the storage config
+    (the controller's own attention-CP group, ``cache_controller.py:395-402``), against SGLang's own
+    ``get_layer_shard_range``."""
+    anchor = pools["kv"]
+    split = bool(getattr(anchor, "_layer_shard_enabled", False))
+    dev = getattr(pools.get("indexer"), "device_pool", None)
+    if dev is not None and bool(getattr(dev, "layer_shard_enabled", False)) != split:
+        raise AttachError(f"the KV host pool is{'' if split else ' not'} layer-sharded but the DSA indexer's device "
+                          f"pool ({type(dev).__name__}) is{' not' if split else ''}: the pools disagree")
+    if not split:
+        return None
+    from sglang.srt.layers.cp.utils import get_layer_shard_range
+    from sglang.srt.runtime_context import get_parallel
+
+    par = get_parallel()
+    seen = {"the published attention-CP group": (int(par.attn_cp_rank), int(par.attn_cp_size)),
+            "the storage config (the controller's attention-CP group)": (int(storage_config.attn_cp_rank),
+                                                                         int(storage_config.attn_cp_size))}
+    if dev is not None:
+        seen["the DSA device pool"] = (int(dev.layer_shard_rank), int(dev.layer_shard_size))
+    if len(set(seen.values())) != 1:
+        raise AttachError("DSA cache layer split: this rank's (layer-shard rank, size) differs between "
+                          + ", ".join(f"{k} {v}" for k, v in seen.items()))
+    rank, size = next(iter(seen.values()))
+    total = int(anchor._device_layer_num)
+    start, end = get_layer_shard_range(rank, size, total)
+    owned = tuple(int(i) for i in anchor._target_layer_indices)
+    if owned != tuple(range(start, end)) or (dev is not None and tuple(dev._owned_local_layer_range()) != (start, end)):
+        raise AttachError(f"DSA cache layer split: rank {rank} of {size} should own device layers [{start}, {end}) "
+                          f"of {total} (SGLang's get_layer_shard_range), the KV host pool holds {owned}")
+    group = getattr(par, "attn_cp_group", None)
+    ranks = tuple(int(r) for r in (getattr(group, "ranks", None) or ()))
+    if len(ranks) != size:
+        raise AttachError(f"DSA cache layer split: the published attention-CP group names ranks {list(ranks)}, "
+                          f"{size} expected (the ranks holding the other layers of each page)")
+    first = int(anchor.start_layer)
+    part = LayerPart(rank, size, first + start, first + end, total, ranks)
+    if int(anchor.target_layer_num) != part.host_layers:
+        raise AttachError(f"DSA cache layer split: the KV host pool has {anchor.target_layer_num} target layers per "
+                          f"page, ceil({total} / {size}) = {part.host_layers} expected")
+    return part

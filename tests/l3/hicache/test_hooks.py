@@ -83,17 +83,23 @@ def test_translation_happens_once_and_survives_pickling(tmp_path):
 
 @pytest.mark.parametrize("argv_extra,needle", [
     (["--hicache-storage-backend", "file"], "drop --hicache-storage-backend file"),
-    (["--enable-kv-cache-sharding"], "does not support --enable-kv-cache-sharding"),
+    (["--enable-kv-cache-sharding"], "does not serve --enable-kv-cache-sharding: .*rotation owner.*GPU PD-prefill"),
     (["--hicache-host-memory-mode", "buffer_only"], "buffer_only is not served"),
     (["--hicache-storage-backend-extra-config", '{"file_storage_path": "/x"}'], "cannot be combined"),
     (["--hicache-storage-backend-extra-config", "@/x.json"], "@FILE cannot be combined"),
     (["--hicache-storage-backend-extra-config", "{not json"], "is not JSON"),
-    (["--enable-dsa-cache-layer-split"], "does not serve --enable-dsa-cache-layer-split"),
-    (["--dcp-size", "2"], "does not serve decode context parallelism"),
+    (["--dcp-size", "2"], "does not serve decode context parallelism .*indexer pool of GLM-5 for every backend"),
 ])
 def test_conflicting_sglang_flags_are_refused_in_plugin_words(tmp_path, argv_extra, needle):
     with pytest.raises(SystemExit, match="sglang-glm-ext: .*" + needle.replace("(", r"\(")):
         parse(l3_argv(write_config(tmp_path), *argv_extra))
+
+
+def test_dsa_layer_split_is_no_longer_refused_by_the_plugin(tmp_path):
+    """--enable-dsa-cache-layer-split is served (each CP rank's own layers under a namespace naming its part): the
+    flags translate; SGLang's own launch checks for the mode (PD prefill, DSA, interleave CP) still apply."""
+    sa = parse(l3_argv(write_config(tmp_path), "--enable-dsa-cache-layer-split"))
+    assert sa.hicache_storage_backend == "dynamic" and sa.enable_dsa_cache_layer_split
 
 
 def test_without_hierarchical_cache_is_refused(tmp_path):
