@@ -17,7 +17,8 @@
 #
 #   bash scripts/gpu/l3_limit_ab.sh [size_gb] [rounds] [fio_seconds]     (defaults: 1 GB per page size, 3 rounds, 2 s)
 #   env: L3_BENCH_DIR (default /tmp/l3_bench), FIO (default .devcarry/fio_carry/fio), L3_FIO_GRID (default small),
-#        L3_RELOAD_THREADS (default fio), L3_DEADLINE_S (default 540: the A/B is cut there, its table kept)
+#        L3_RELOAD_THREADS (default fio), L3_IO_THREADS (default 4; fio = fio's best writes in flight),
+#        L3_SKIP_COSTS=1 (skip steps 2 and 3), L3_DEADLINE_S (default 540: the A/B is cut there, its table kept)
 set -u
 t0=$(date +%s)
 size=${1:-1}
@@ -28,6 +29,7 @@ dir=${L3_BENCH_DIR:-/tmp/l3_bench}
 fio=${FIO:-.devcarry/fio_carry/fio}
 grid=${L3_FIO_GRID:-small}
 threads=${L3_RELOAD_THREADS:-fio}
+io_threads=${L3_IO_THREADS:-4}
 deadline=${L3_DEADLINE_S:-540}
 site=/tmp/l3site
 mkdir -p "$out"
@@ -74,14 +76,17 @@ if [ -x "$fio" ] && "$fio" --version >"$out/fio_version.txt" 2>&1; then
   else
     echo "fio's sweep gave no result (fio_sweep.txt says why): the bench reports its own references only"
     threads=4
+    io_threads=4
   fi
 else
   echo "fio absent or not runnable at $fio: the bench reports its own references only" | tee "$out/fio_sweep.txt"
   threads=4
+  io_threads=4
 fi
 rm -f "$dir"/fio.*.dat
 
 # 2. the checksum's cost on one core vs memory bandwidth.
+if [ "${L3_SKIP_COSTS:-0}" != 1 ]; then
 echo "[$(( $(date +%s) - t0 ))s] checksum cost"
 timeout -k 10 120 python3 benchmark/l3_checksum_cost.py --cold-gib 2 --seconds 0.3 --json "$out/checksum_cost.json" \
   2>&1 | tee "$out/checksum_cost.txt"
@@ -92,12 +97,13 @@ for page in 1048576 3274752; do
   timeout -k 10 90 python3 benchmark/l3_layer_first_gil.py --dir "$dir/gil" --gb "$size" --page "$page" \
     --threads 4 --rounds 3 --json "$out/gil_$page.json" 2>&1 | tee "$out/gil_$page.txt"
 done
+fi
 
 # 4. the A/B, cut at the deadline (ab.txt holds every run finished by then).
 echo "[$(( $(date +%s) - t0 ))s] A/B: $rounds rounds, $(left) s left"
 timeout -k 15 "$(left)" python3 benchmark/l3_ab.py --before .ab/before --after . --rounds "$rounds" \
   --out "$out/ab" -- --dir "$dir" --size-gb "$size" --repeats 1 --skip-hicachefile --skip-alt-modes \
-  --reload-threads "$threads" ${sweep_args[@]+"${sweep_args[@]}"}
+  --reload-threads "$threads" --io-threads "$io_threads" ${sweep_args[@]+"${sweep_args[@]}"}
 rc=$?
 echo "[$(( $(date +%s) - t0 ))s] done (A/B exit $rc)"
 rm -rf "$dir"
