@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from .conftest import write_config
+from l3kit import write_config
 
 pytestmark = pytest.mark.usefixtures("standins")
 

@@ -7,7 +7,9 @@ import os
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import l3kit
+
+REPO = str(l3kit.REPO)
 
 
 def test_bench_smoke(tmp_path):

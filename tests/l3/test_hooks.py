@@ -11,7 +11,7 @@ from sglang_glm_ext.declare import PluginFlagError
 from sglang_glm_ext.l3.hicache import extra_config
 from sglang_glm_ext.l3 import hooks
 
-from .conftest import write_config
+from l3kit import write_config
 
 
 @pytest.fixture(scope="module", autouse=True)

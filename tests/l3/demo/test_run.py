@@ -39,7 +39,7 @@ def test_demo_refuses_where_a_gpu_is_visible():
 def test_demo_fails_when_a_page_claims_a_hit_without_its_bytes():
     # An engine that reports every reload as a hit but writes nothing: completion and hit counts look fine, the
     # byte check must still fail the demo.
-    code = ("import sys; from sglang_glm_ext.l3 import store as s;"
+    code = ("import sys; from sglang_glm_ext.l3.engine import store as s;"
             "s.L3Store.reload_into_layout = lambda self, kind, keys, layout, pages: [True] * len(keys);"
             "from sglang_glm_ext.cli import main;"
             "sys.exit(main(['demo', '--requests', '1', '--pages', '2', '--layers', '4']))")

@@ -10,13 +10,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from .conftest import write_config
+import l3kit
+from l3kit import write_config
 
-REPO = str(Path(__file__).resolve().parents[3])
+REPO = str(l3kit.REPO)
 PS = 64
 RUN_TIMEOUT = 300  # s per multi-process run on a loaded 2-core machine (each rank imports SGLang: ~20-40 s)
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 
 def _config(tmp_path, ranks, budget="16MiB", **overrides):
-    from .conftest import TEST_BUDGET
+    from l3kit import TEST_BUDGET
 
     p = write_config(tmp_path, **overrides)
     text = open(p).read().replace("count = 1", f"count = {ranks}").replace(f'"{TEST_BUDGET}"', f'"{budget}"')
