@@ -61,7 +61,7 @@ def test_a_sigkill_right_after_sglangs_ack_loses_only_the_write_behind_window(tm
         else:
             # The window: acknowledged before durable (the gauge said so at the kill), lost by the kill, and
             # bounded by what the gauge showed; the restart serves misses, never wrong bytes.
-            assert rec["acked_not_durable_pages"] > 0 and rec["acked_not_durable_oldest_s"] >= 0
+            assert rec["acked_not_durable_pages"] > 0 and rec["acked_not_durable_oldest_s"] > 0
             assert 0 < lost <= rec["acked_not_durable_pages"]
             assert loaded < len(rec["tokens"])
             assert store.stats()["verify_failures"] == 0
