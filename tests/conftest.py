@@ -10,8 +10,16 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
+import sys
 
 import pytest
+
+# Helpers shared across test folders (rank_zygote.py) are plain modules here: with --import-mode=importlib no test
+# folder is on sys.path otherwise.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 
 
 @functools.lru_cache(maxsize=1)

@@ -132,12 +132,13 @@ def scenario_hits(plan, rank, group, out):
         # lag: rank 1 sees only `lag` pages (its index view lags): the MIN gives everyone that prefix.
         lag = plan.get("lag", 3)
         _drop_l2(st, t1)
+        path = be._path  # the data path: its leading-run count is what this rank's index view answers
         if rank == 1:
-            real = be._exists_prefix
-            be._exists_prefix = lambda kind, skeys: min(real(kind, skeys), lag)
+            real = path._leading
+            path._leading = lambda rec, skeys: min(real(rec, skeys), lag)
         out["loaded_lag"] = st.prefetch(t1, "lag")
         if rank == 1:
-            be._exists_prefix = real
+            path._leading = real
         got = st.snapshot_device(st.load_back(t1[: out["loaded_lag"]]))
         out["bytes_ok_lag"] = _same(got, [w[: out["loaded_lag"]] if w.shape[0] == len(t1) else
                                           w[: out["loaded_lag"] // PS] for w in want])
@@ -218,11 +219,11 @@ def scenario_crash_write(plan, rank, group, out):
     acked = [ln.strip() for ln in open(os.path.join(outdir, "acked.txt")) if len(ln.strip()) == 64]
     from ..hicache.keys import storage_keys
 
-    kind = be.kinds["kv"]
+    kind = be.plan.kv.kind
     out["victim_acked"] = len(acked)
     out["victim_acked_seen"] = be.store.exists(kind, storage_keys(acked), include_staged=False) if acked else 0
     keys1 = _page_keys(t1)
-    dst = [np.zeros(be._kv.page_bytes, np.uint8) for _ in keys1]
+    dst = [np.zeros(be.plan.kv.page_bytes, np.uint8) for _ in keys1]
     out["t1_reads_while_victim_dead"] = sum(be.store.reload_into(kind, storage_keys(keys1), dst))
     # no st.close(): the victim is gone and SGLang's teardown may wait for it; main() exits without teardown
 
