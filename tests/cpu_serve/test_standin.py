@@ -130,6 +130,7 @@ def test_each_called_name_is_implemented_and_every_other_raises_naming_the_op(st
         standin("sgl_kernel.allreduce")
 
 
+@pytest.mark.slow
 def test_standin_registers_no_torch_op_so_amx_detection_stays_false():
     code = ("import sys; sys.path.insert(0, %r); import torch, sgl_kernel, sgl_kernel.mamba, sgl_kernel.speculative\n"
             "print(hasattr(torch.ops.sgl_kernel, 'convert_weight_packed'), sgl_kernel.GLM_EXT_CPU_STANDIN)\n"
@@ -140,6 +141,7 @@ def test_standin_registers_no_torch_op_so_amx_detection_stays_false():
     assert proc.stdout.split() == ["False", "True", "False"]
 
 
+@pytest.mark.slow
 def test_wheel_has_no_top_level_sgl_kernel_pth_or_sitecustomize(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                            "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600)

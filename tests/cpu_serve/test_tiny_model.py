@@ -9,6 +9,7 @@ import pytest
 from sglang_glm_ext.cpu_serve import tiny_model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,cls", [("glm5", "GlmMoeDsaForCausalLM"), ("glm4_moe", "Glm4MoeForCausalLM")])
 def test_cli_writes_config_tokenizer_and_chat_template(tmp_path, arch, cls):
     d = tmp_path / arch
@@ -42,6 +43,7 @@ def test_sglangs_model_config_accepts_the_glm5_directory(tmp_path):
     assert hf.index_head_dim == 128 and hf.kv_lora_rank == 64 and hf.num_nextn_predict_layers == 0
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_clear_errors(tmp_path):
     with pytest.raises(tiny_model.TinyModelError, match="unknown --arch"):
         tiny_model.config("glm9")

@@ -155,6 +155,7 @@ def test_require_plp_on_a_disk_not_known_safe_is_refused(tmp_path):
     assert parse(l3_argv(ok)).hicache_storage_backend == "dynamic"
 
 
+@pytest.mark.slow
 def test_register_never_installs_the_cpu_standins():
     code = ("import sglang_glm_ext as p; led = p.register();"
             "import sglang.srt.mem_cache.pool_host.mla as m, sglang.srt.mem_cache.pool_host.dsa as d;"
@@ -192,6 +193,7 @@ def test_standins_refuse_in_a_process_that_launched_a_server(monkeypatch):
         cpu_standins.install()
 
 
+@pytest.mark.slow
 def test_a_server_launch_is_refused_where_the_standins_are_installed():
     # A fresh process: install the stand-ins, then try to launch an Engine; the resolve hook refuses it before
     # anything starts.

@@ -65,6 +65,7 @@ def _doctor(*args):
                           capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_doctor_json_carries_the_megamoe_part():
     proc = _doctor()
     rep = json.loads(proc.stdout)
@@ -78,6 +79,7 @@ def test_doctor_json_carries_the_megamoe_part():
     assert feature["available"] is False and "no MegaMoE kernel can run on this node" in feature["why_unavailable"]
 
 
+@pytest.mark.slow
 def test_doctor_checks_a_megamoe_launch_given_sglangs_own_flag():
     proc = _doctor("--moe-a2a-backend", "megamoe")
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
@@ -113,6 +115,7 @@ def test_shared_expert_memory_for_the_released_glm4_models_and_a_given_one(tmp_p
     assert "not a GLM-4.x" in shared_expert_part(glm5)["why"]
 
 
+@pytest.mark.slow
 def test_doctor_cli_takes_the_model_and_tp_size(tmp_path):
     from glm_configs import write_model_dir
 

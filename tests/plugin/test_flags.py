@@ -117,6 +117,7 @@ def test_enable_cp_l3_with_valid_config_needs_hierarchical_cache(tmp_path):
     assert sa.hicache_storage_backend == "dynamic"
 
 
+@pytest.mark.slow
 def test_scheduler_process_reads_flags_from_the_published_record():
     # Scheduler subprocesses get the record pickled and published; features read flags.get() with no argument.
     import multiprocessing as mp

@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a fresh interpreter per case: ~10 s of CPU each importing SGLang
+
 PROBE = textwrap.dedent(
     """
     import json, sys

@@ -34,6 +34,7 @@ def _stack(cfg):
     return stack.DsaStack.build(spec, sa)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ack", ["write_behind", "durable"])
 def test_a_sigkill_right_after_sglangs_ack_loses_only_the_write_behind_window(tmp_path, ack):
     cfg = write_config(tmp_path, cold_start="load", ack=ack)

@@ -90,6 +90,7 @@ def _v(scrape, name, **labels):
     return sum(rows)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_metrics_move_with_a_hicache_run_scraped_through_sglangs_endpoint_in_multiprocess_mode(tmp_path, monkeypatch):
     from fastapi import FastAPI

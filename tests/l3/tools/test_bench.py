@@ -7,11 +7,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import l3kit
 
 REPO = str(l3kit.REPO)
 
 
+@pytest.mark.slow
 def test_bench_smoke(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.run(
@@ -42,6 +45,7 @@ def test_bench_smoke(tmp_path):
     assert data["load"]["pages"] == 300 and len(data["load"]["open_load_s"]) == 2
 
 
+@pytest.mark.slow
 def test_ab_driver_runs_the_bench_file_against_both_trees(tmp_path):
     out = tmp_path / "ab"
     proc = subprocess.run(
