@@ -100,6 +100,7 @@ def standin(monkeypatch):
         sys.modules.pop(name, None)
 
 
+@pytest.mark.slow  # parses every module of the installed SGLang
 def test_standin_exports_exactly_the_names_sglang_imports_on_the_cpu_path(standin):
     wanted = cpu_path_imports(_sglang_root())
     assert wanted.get("sgl_kernel", set()) >= {"copy_all_layer_kv_cache_cpu", "assign_req_to_token_pool_cpu"}
