@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 
-__all__ = ["Zygote", "Rank"]
+__all__ = ["Zygote", "Rank", "Completed"]
 
 # ---------------------------------------------------------------------------------------------- the zygote process
 
@@ -45,10 +45,10 @@ def _child(req: dict) -> None:
     code = 1
     try:
         os.setpgid(0, 0)  # its own process group: a kill of the rank never reaches the zygote or its siblings
-        fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
+        for target, path in ((1, req["log"]), (2, req.get("err") or req["log"])):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(fd, target)
+            os.close(fd)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
@@ -64,6 +64,10 @@ def _child(req: dict) -> None:
         if req.get("module"):
             sys.argv = [req["module"], *req["argv"]]
             runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+        elif req.get("code") is not None:  # python -c CODE
+            sys.argv = ["-c", *req["argv"]]
+            sys.path.insert(0, "")
+            exec(compile(req["code"], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
         else:
             sys.argv = [req["path"], *req["argv"]]
             sys.path.insert(0, os.path.dirname(os.path.abspath(req["path"])))
@@ -193,6 +197,13 @@ class Rank:
             return ""
 
 
+class Completed:
+    """What :meth:`Zygote.run` returns: ``returncode``, ``stdout``, ``stderr`` (text), as ``CompletedProcess``."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
 class Zygote:
     """A zygote process (``python rank_zygote.py MODULE...``) with ``env`` and ``cwd``; ``spawn`` forks a rank.
 
@@ -259,14 +270,16 @@ class Zygote:
                     if rank.returncode is None:
                         rank.returncode = -signal.SIGKILL  # the zygote died: its process group went with it
 
-    def spawn(self, *, argv: list[str], log, module: "str | None" = None, path: "str | None" = None,
-              env: "dict | None" = None, cwd: "str | None" = None) -> Rank:
-        """Fork a rank running ``module`` (``python -m``) or the script ``path`` with ``argv``; its stdout and stderr
-        go to ``log``; ``env`` replaces the zygote's environment for it (default: the zygote's)."""
-        assert (module is None) != (path is None), "one of module / path"
+    def spawn(self, *, argv: list[str] = (), log, err=None, module: "str | None" = None, path: "str | None" = None,
+              code: "str | None" = None, env: "dict | None" = None, cwd: "str | None" = None) -> Rank:
+        """Fork a rank running ``module`` (``python -m``), the script ``path`` or ``code`` (``python -c``) with
+        ``argv``; its stdout goes to ``log``, its stderr to ``err`` (default: ``log`` too); ``env`` replaces the
+        zygote's environment for it (default: the zygote's)."""
+        assert sum(x is not None for x in (module, path, code)) == 1, "one of module / path / code"
         self._next += 1
-        req = {"id": self._next, "module": module, "path": path and str(path), "argv": [str(a) for a in argv],
-               "log": str(log), "env": dict(self.env if env is None else env), "cwd": str(cwd or self.cwd)}
+        req = {"id": self._next, "module": module, "path": path and str(path), "code": code,
+               "argv": [str(a) for a in argv], "log": str(log), "err": err and str(err),
+               "env": dict(self.env if env is None else env), "cwd": str(cwd or self.cwd)}
         self.proc.stdin.write((json.dumps(req) + "\n").encode())
         self.proc.stdin.flush()
         deadline = time.monotonic() + 60
@@ -279,6 +292,21 @@ class Zygote:
         if pid in self._exits:
             rank.returncode = self._exits.pop(pid)
         return rank
+
+    def run(self, *, timeout: float, **spawn) -> "Completed":
+        """Like ``subprocess.run(..., capture_output=True, text=True, timeout=...)`` for one forked process:
+        ``spawn``'s arguments but the log files; ``TimeoutError`` (the process killed) past ``timeout``."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="zygote-run-") as d:
+            out, err = os.path.join(d, "stdout"), os.path.join(d, "stderr")
+            rank = self.spawn(log=out, err=err, **spawn)
+            try:
+                rank.wait(timeout)
+            finally:
+                rank.kill()
+            with open(out, errors="replace") as fo, open(err, errors="replace") as fe:
+                return Completed(rank.returncode, fo.read(), fe.read())
 
     def close(self) -> None:
         """Kill every rank still running and stop the zygote."""

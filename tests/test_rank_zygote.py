@@ -71,3 +71,11 @@ def test_a_wait_past_its_timeout_raises_and_closing_the_zygote_leaves_no_rank(sc
             r.wait(0.5)
     with pytest.raises(ProcessLookupError):
         os.kill(r.pid, 0)  # gone (killed and reaped), not left running
+
+
+@pytest.mark.slow
+def test_the_sglang_python_parent_imported_sglang_but_never_the_plugin(sglang_python):
+    code = ("import sys; print(sorted({m.split('.')[0] for m in sys.modules} & {'sglang', 'torch', 'sglang_glm_ext'}));"
+            "sys.exit(5)")
+    got = sglang_python.run(code=code, timeout=120)
+    assert got.returncode == 5 and got.stdout.split("\n")[0] == "['sglang', 'torch']", (got.stdout, got.stderr)

@@ -12,8 +12,6 @@ than the acknowledged-not-durable gauge said at the kill); under ``durable`` not
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -36,12 +34,11 @@ def _stack(cfg):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("ack", ["write_behind", "durable"])
-def test_a_sigkill_right_after_sglangs_ack_loses_only_the_write_behind_window(tmp_path, ack):
+def test_a_sigkill_right_after_sglangs_ack_loses_only_the_write_behind_window(sglang_python, tmp_path, ack):
     cfg = write_config(tmp_path, cold_start="load", ack=ack)
     out = tmp_path / "child.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, CHILD, cfg, str(out), str(PAGES), "0.25"], capture_output=True,
-                          text=True, timeout=300, env=env)
+    # the child: a process of its own, forked from a parent that imported SGLang only; it SIGKILLs itself
+    proc = sglang_python.run(path=CHILD, argv=[cfg, out, PAGES, "0.25"], env=dict(os.environ), timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-4000:]
     rec = json.loads(out.read_text())
     assert rec["ack"] == ack and len(rec["acked"]) == PAGES  # SGLang was told every page is stored
