@@ -10,8 +10,16 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
+import sys
 
 import pytest
+
+# Helpers shared across test folders (rank_zygote.py) are plain modules here: with --import-mode=importlib no test
+# folder is on sys.path otherwise.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 
 
 @functools.lru_cache(maxsize=1)
@@ -45,3 +53,24 @@ def pytest_collection_modifyitems(config, items):
         # A marker without a reason still skips (never break collection), but says it should carry one.
         proves = proves or "(this @pytest.mark.gpu gives no reason= saying what it proves)"
         item.add_marker(pytest.mark.skip(reason=f"GPU test skipped ({why}): {proves}"))
+
+
+# What a fresh interpreter that registers the plugin imports of torch, transformers and SGLang (~3,000 modules, about
+# 8 s of CPU), none of the plugin's own.
+SGLANG_PRELOAD = ["torch", "transformers", "sglang.srt.server_args", "sglang.srt.plugins",
+                  "sglang.srt.configs.model_config", "sglang.srt.elastic_ep.expert_backup_manager",
+                  "sglang.srt.layers.quantization"]
+
+
+@pytest.fixture(scope="session")
+def sglang_python():
+    """``sglang_python.run(code=... | module=..., argv=..., env=..., timeout=...)``: ``python -c`` / ``-m`` in a
+    process forked from a zygote that imported SGLang but never the plugin (tests/rank_zygote.py): a process where
+    the plugin has not run, with its own argv, environment and exit status, in ~2 s instead of ~10 s of CPU. Not for
+    tests whose subject is what importing does (import warnings, import order, what a module pulls in): those keep a
+    fresh interpreter."""
+    from rank_zygote import Zygote
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+    with Zygote(SGLANG_PRELOAD, env=env) as z:
+        yield z

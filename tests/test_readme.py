@@ -26,6 +26,19 @@ def test_ci_runs_the_readme_test_command():
     assert re.search(r"^bash scripts/test\.sh\b", ci, re.M)
 
 
+def test_the_readme_lanes_select_with_markers_pytest_declares():
+    """The quick and slow lanes the README shows are -m expressions over markers pyproject.toml declares, and the
+    server tests are in the slow lane (the quick lane never starts a server)."""
+    import tomllib
+
+    readme = (ROOT / "README.md").read_text()
+    assert '```bash\nbash scripts/test.sh -m "not slow"\nbash scripts/test.sh -m "slow and not server"\n```' in readme
+    markers = {m.split(":")[0] for m in
+               tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]}
+    assert {"slow", "server"} <= markers
+    assert "item.add_marker(pytest.mark.slow)" in (ROOT / "tests" / "server" / "conftest.py").read_text()
+
+
 # ---- the commands the README shows ----
 
 def _bash_blocks(text: str) -> list[str]:

@@ -49,6 +49,7 @@ def probe(env, pre="", spawn=False):
 ON = {"SGLANG_GLM_EXT_CPU_SERVE": "1", "SGLANG_USE_CPU_ENGINE": "1"}
 
 
+@pytest.mark.slow
 def test_mode_off_the_standin_is_unreachable_and_its_patches_skipped():
     out = probe(_env())
     assert out["reachable"] is False
@@ -56,6 +57,7 @@ def test_mode_off_the_standin_is_unreachable_and_its_patches_skipped():
     assert all("SGLANG_GLM_EXT_CPU_SERVE is not set" in d for _, d in out["states"].values())
 
 
+@pytest.mark.slow
 def test_mode_on_register_puts_the_standin_first_and_a_spawned_child_imports_it():
     out = probe(_env(**ON), spawn=True)
     assert out["reachable"] and out["first"]
@@ -64,6 +66,7 @@ def test_mode_on_register_puts_the_standin_first_and_a_spawned_child_imports_it(
     assert out["child"]["standin"] is True and out["child"]["first"] is True
 
 
+@pytest.mark.slow
 def test_a_visible_gpu_keeps_the_standin_unreachable():
     pre = "import torch; torch.cuda.is_available = lambda: True"
     out = probe(_env(**ON), pre=pre)
@@ -71,6 +74,7 @@ def test_a_visible_gpu_keeps_the_standin_unreachable():
     assert all("cuda device is visible" in d for _, d in out["states"].values())
 
 
+@pytest.mark.slow
 def test_a_real_sgl_kernel_is_never_shadowed(tmp_path):
     (tmp_path / "sgl_kernel").mkdir()
     (tmp_path / "sgl_kernel" / "__init__.py").write_text("REAL = True\n")

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 
-import numpy as np
 import pytest
 import torch
 
@@ -27,6 +26,7 @@ def _interpreted(code: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- DSA indexer half
+@pytest.mark.slow
 def test_act_quant_matches_sglangs_triton_kernel():
     # Scales must be bit-exact. The fp8 values: Triton's CPU interpreter converts float32 -> e4m3 without the carry
     # into the exponent (124.3 becomes 64, not 128), so where they differ ours must be the nearer e4m3 value (the
@@ -55,6 +55,7 @@ def test_act_quant_matches_sglangs_triton_kernel():
         assert torch.all((got - exact).abs()[differ] <= (want - exact).abs()[differ]), fmt
 
 
+@pytest.mark.slow
 def test_set_k_and_s_matches_sglangs_triton_page_writer():
     torch.manual_seed(1)
     key = torch.randn(9, 128).to(torch.float8_e4m3fn)
@@ -95,6 +96,7 @@ def test_hadamard_is_sylvesters_matrix_scaled():
 
 
 # ---------------------------------------------------------------------------------------------- sgl_kernel names
+@pytest.mark.slow
 def test_assign_req_to_token_pool_matches_sglangs_triton_kernel():
     req_to_token = torch.zeros(4, 40, dtype=torch.int32)
     req_pool_indices = torch.tensor([2, 0, 3], dtype=torch.int64)

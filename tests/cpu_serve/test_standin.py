@@ -100,6 +100,7 @@ def standin(monkeypatch):
         sys.modules.pop(name, None)
 
 
+@pytest.mark.slow  # parses every module of the installed SGLang
 def test_standin_exports_exactly_the_names_sglang_imports_on_the_cpu_path(standin):
     wanted = cpu_path_imports(_sglang_root())
     assert wanted.get("sgl_kernel", set()) >= {"copy_all_layer_kv_cache_cpu", "assign_req_to_token_pool_cpu"}
@@ -130,6 +131,7 @@ def test_each_called_name_is_implemented_and_every_other_raises_naming_the_op(st
         standin("sgl_kernel.allreduce")
 
 
+@pytest.mark.slow
 def test_standin_registers_no_torch_op_so_amx_detection_stays_false():
     code = ("import sys; sys.path.insert(0, %r); import torch, sgl_kernel, sgl_kernel.mamba, sgl_kernel.speculative\n"
             "print(hasattr(torch.ops.sgl_kernel, 'convert_weight_packed'), sgl_kernel.GLM_EXT_CPU_STANDIN)\n"
@@ -140,6 +142,7 @@ def test_standin_registers_no_torch_op_so_amx_detection_stays_false():
     assert proc.stdout.split() == ["False", "True", "False"]
 
 
+@pytest.mark.slow
 def test_wheel_has_no_top_level_sgl_kernel_pth_or_sitecustomize(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                            "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600)

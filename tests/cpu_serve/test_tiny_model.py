@@ -1,19 +1,20 @@
-"""`sglang-glm-ext tiny-model`: a model directory SGLang accepts, without a hub."""
+"""`sglang-glm-ext tiny-model`: a model directory SGLang accepts, without a hub. The CLI runs in a process of its
+own, forked from a parent that imported SGLang only (the ``sglang_python`` fixture)."""
 
 import json
-import subprocess
-import sys
+import os
 
 import pytest
 
 from sglang_glm_ext.cpu_serve import tiny_model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,cls", [("glm5", "GlmMoeDsaForCausalLM"), ("glm4_moe", "Glm4MoeForCausalLM")])
-def test_cli_writes_config_tokenizer_and_chat_template(tmp_path, arch, cls):
+def test_cli_writes_config_tokenizer_and_chat_template(sglang_python, tmp_path, arch, cls):
     d = tmp_path / arch
-    proc = subprocess.run([sys.executable, "-m", "sglang_glm_ext.cli", "tiny-model", "--arch", arch, str(d)],
-                          capture_output=True, text=True, timeout=300)
+    proc = sglang_python.run(module="sglang_glm_ext.cli", argv=["tiny-model", "--arch", arch, d],
+                             env=dict(os.environ), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["architectures"] == [cls] and cfg["vocab_size"] == tiny_model.VOCAB_SIZE
@@ -42,7 +43,8 @@ def test_sglangs_model_config_accepts_the_glm5_directory(tmp_path):
     assert hf.index_head_dim == 128 and hf.kv_lora_rank == 64 and hf.num_nextn_predict_layers == 0
 
 
-def test_bad_arguments_are_clear_errors(tmp_path):
+@pytest.mark.slow
+def test_bad_arguments_are_clear_errors(sglang_python, tmp_path):
     with pytest.raises(tiny_model.TinyModelError, match="unknown --arch"):
         tiny_model.config("glm9")
     with pytest.raises(tiny_model.TinyModelError, match="multiple of 32"):
@@ -53,8 +55,8 @@ def test_bad_arguments_are_clear_errors(tmp_path):
     (tmp_path / "x" / "keep.txt").write_text("mine")
     with pytest.raises(tiny_model.TinyModelError, match="not empty"):
         tiny_model.write("glm5", str(tmp_path / "x"))
-    proc = subprocess.run([sys.executable, "-m", "sglang_glm_ext.cli", "tiny-model", "--arch", "glm5",
-                           str(tmp_path / "x")], capture_output=True, text=True, timeout=300)
+    proc = sglang_python.run(module="sglang_glm_ext.cli", argv=["tiny-model", "--arch", "glm5", tmp_path / "x"],
+                             env=dict(os.environ), timeout=300)
     assert proc.returncode == 2 and "not empty" in proc.stdout and "Traceback" not in proc.stderr
 
 

@@ -16,16 +16,16 @@ from typing import Optional
 import pytest
 import torch
 
-dcgr = pytest.importorskip("sglang.srt.model_executor.runner.decode_cuda_graph_runner")
-from sglang.srt.model_executor import input_buffers  # noqa: E402
-from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
-from sglang.srt.plugins.hook_registry import HookType, _wrap_fn  # noqa: E402
-from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner  # noqa: E402
-from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner  # noqa: E402
+from sglang.srt.model_executor.runner import decode_cuda_graph_runner as dcgr
+from sglang.srt.model_executor import input_buffers
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
+from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
 
-from sglang_glm_ext.cuda_graph_mem import attribution as attr  # noqa: E402
-from sglang_glm_ext.cuda_graph_mem import hooks  # noqa: E402
-from sglang_glm_ext.plugin.registry import PATCHES  # noqa: E402
+from sglang_glm_ext.cuda_graph_mem import attribution as attr
+from sglang_glm_ext.cuda_graph_mem import hooks
+from sglang_glm_ext.plugin.registry import PATCHES
 
 Decode = dcgr.DecodeCudaGraphRunner
 MIB = 1 << 20

@@ -4,8 +4,6 @@ none of them is a problem."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -59,13 +57,18 @@ def test_a_checked_megamoe_launch_needs_a_node_that_runs_some_megamoe_kernel(mon
                             "fp4_sm100": {"possible": True, "why": ""}}) == []
 
 
-def _doctor(*args):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
-    return subprocess.run([sys.executable, "-m", "sglang_glm_ext.cli", "doctor", "--json", *args],
-                          capture_output=True, text=True, env=env, timeout=300)
+@pytest.fixture
+def _doctor(sglang_python):
+    """`sglang-glm-ext doctor --json ARGS` in a process of its own (forked from a parent that imported SGLang only)."""
+    def run(*args):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+        return sglang_python.run(module="sglang_glm_ext.cli", argv=["doctor", "--json", *args], env=env, timeout=300)
+
+    return run
 
 
-def test_doctor_json_carries_the_megamoe_part():
+@pytest.mark.slow
+def test_doctor_json_carries_the_megamoe_part(_doctor):
     proc = _doctor()
     rep = json.loads(proc.stdout)
     mm = rep["hardware"]["megamoe"]
@@ -78,7 +81,8 @@ def test_doctor_json_carries_the_megamoe_part():
     assert feature["available"] is False and "no MegaMoE kernel can run on this node" in feature["why_unavailable"]
 
 
-def test_doctor_checks_a_megamoe_launch_given_sglangs_own_flag():
+@pytest.mark.slow
+def test_doctor_checks_a_megamoe_launch_given_sglangs_own_flag(_doctor):
     proc = _doctor("--moe-a2a-backend", "megamoe")
     assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
     rep = json.loads(proc.stdout)
@@ -113,7 +117,8 @@ def test_shared_expert_memory_for_the_released_glm4_models_and_a_given_one(tmp_p
     assert "not a GLM-4.x" in shared_expert_part(glm5)["why"]
 
 
-def test_doctor_cli_takes_the_model_and_tp_size(tmp_path):
+@pytest.mark.slow
+def test_doctor_cli_takes_the_model_and_tp_size(_doctor, tmp_path):
     from glm_configs import write_model_dir
 
     model = write_model_dir(tmp_path / "m")

@@ -20,51 +20,20 @@ What it proves (harness: glm4_block_harness.py):
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import socket
-import subprocess
-import sys
-
 import pytest
 
 from glm_configs import write_model_dir
-
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from gloo_ranks import run_ranks, zygote
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
+    """The two ranks, each its own process forked from a zygote that imported SGLang once (gloo_ranks.py)."""
     tmp = tmp_path_factory.mktemp("glm4_block")
     model = write_model_dir(tmp / "model")
-    port = str(_free_port())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    procs = [subprocess.Popen([sys.executable, str(HERE / "glm4_block_harness.py"), "2", str(r), port, model,
-                               str(tmp / f"rank{r}.json")], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=420)[0])
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail("the two-rank MegaMoE harness did not finish in 420 s (a rank waiting on the other?)")
-    out = []
-    for r in range(2):
-        f = tmp / f"rank{r}.json"
-        assert f.exists(), f"rank {r} wrote no result:\n{logs[r][-4000:]}"
-        res = json.loads(f.read_text())
-        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
-        out.append(res)
-    return out
+    with zygote() as z:
+        return run_ranks(z, tmp, "glm4_block_harness.py",
+                         lambda r, port: ["2", str(r), port, model, str(tmp / f"rank{r}.json")], 2, 420)
 
 
 pytestmark = pytest.mark.slow

@@ -12,68 +12,38 @@ What it proves, for 2 and 4 ranks (tp = ep = world):
 - capture takes the kernel; a layer whose MegaMoE weights are not ready misses on every batch, under capture too
   (without the count all-gather, whose host read a graph cannot hold);
 - misses are counted per layer kind and reason;
-- a run that hangs fails on a timeout (the subprocesses are bounded, and gloo collectives time out after 60 s).
+- a run that hangs fails on a timeout (the rank processes are bounded, and gloo collectives time out after 60 s).
+
+Each rank is its own process, forked from a zygote that imported SGLang once (gloo_ranks.py).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import socket
-import subprocess
-import sys
-
 import pytest
 
 from glm_configs import write_model_dir
+from gloo_ranks import run_ranks, zygote
 
-HERE = pathlib.Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 TIMEOUT_S = 420
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(tmp, script, args, world, timeout=TIMEOUT_S):
-    port = str(_free_port())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    procs = [subprocess.Popen([sys.executable, str(HERE / script), *args(r, port)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=timeout)[0])
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"{script} with {world} ranks did not finish in {timeout} s (a rank waiting on the others?)")
-    return logs
+@pytest.fixture(scope="module")
+def harness_zygote():
+    with zygote() as z:
+        yield z
 
 
 @pytest.fixture(scope="module", params=[("glm4", 2), ("glm5", 4)],
                 ids=["glm4-2ranks", "glm5-4ranks"])  # (glm4 at 4 and glm5 at 2 ranks pass too; kept out for time)
-def ranks(request, tmp_path_factory):
+def ranks(request, tmp_path_factory, harness_zygote):
     kind, world = request.param
     tmp = tmp_path_factory.mktemp(f"miss_{kind}_{world}")
     model = write_model_dir(tmp / "model")
-    logs = run_ranks(tmp, "miss_harness.py",
-                     lambda r, port: [kind, str(world), str(r), port, model, str(tmp / f"rank{r}.json")], world)
-    out = []
-    for r in range(world):
-        f = tmp / f"rank{r}.json"
-        assert f.exists(), f"rank {r} wrote no result:\n{logs[r][-4000:]}"
-        res = json.loads(f.read_text())
-        assert "error" not in res, f"rank {r} failed:\n{res['error']}"
-        out.append(res)
-    return out
+    return run_ranks(harness_zygote, tmp, "miss_harness.py",
+                     lambda r, port: [kind, str(world), str(r), port, model, str(tmp / f"rank{r}.json")], world,
+                     TIMEOUT_S)
 
 
 def test_layout_and_fallback(ranks):

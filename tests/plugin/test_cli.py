@@ -106,6 +106,7 @@ def test_l3_bench_exits_3_when_a_row_is_fail(monkeypatch, tmp_path, capsys, s_pe
 NOISE = ("UserWarning", "Only CUDA", "Triton is not supported", "Cannot detect CUDA architecture")
 
 
+@pytest.mark.slow
 def test_sglangs_import_warnings_are_hidden_unless_verbose():
     quiet = cli("doctor", "--brief")
     assert quiet.stdout.startswith("sglang-glm-ext "), quiet.stdout + quiet.stderr[-2000:]

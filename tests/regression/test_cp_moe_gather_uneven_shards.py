@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
 import cp_moe_ranks as cr
@@ -52,7 +50,7 @@ from sglang.srt.layers.cp import utils as cp_utils
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.runtime_context import get_parallel
 
-RUN_TIMEOUT_S = 300  # 4 processes importing SGLang on 2 shared cores: ~16 s when the machine is idle
+RUN_TIMEOUT_S = 300  # 4 processes on 2 shared cores, once the zygote imported SGLang
 HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cp_moe_ranks.py")
 UNEVEN = [n for n in cr.SCENARIOS if not n.endswith("_even")]
 
@@ -200,29 +198,38 @@ class RankRuns:
         return results
 
 
+# What each rank imports (its argv names its plan; nothing here reads a rank's own settings).
+PRELOAD = ["torch", "torch.distributed", "sglang.srt.layers.cp.base", "sglang.srt.layers.cp.utils",
+           "sglang.srt.model_executor.forward_batch_info", "sglang.srt.models.deepseek_v2",
+           "sglang.srt.runtime_context", "sglang.test.boundary_fixtures", "sglang.srt.distributed.parallel_state",
+           "sglang.srt.layers.attention.dsa.utils"]
+
+
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    """One group of 4 processes for every scenario and both mutants (each process imports SGLang)."""
+    """One group of 4 processes for every scenario and both mutants, forked from a zygote that imported SGLang once
+    (tests/rank_zygote.py): four OS processes, four gloo peers, one import."""
+    from rank_zygote import Zygote
+
     out = tmp_path_factory.mktemp("cp_moe_ranks")
     (out / "plan.json").write_text(json.dumps({"init_file": str(out / "gloo-init"), "out": str(out)}))
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, HARNESS, str(out / "plan.json"), str(r)], env=env,
-                              stdout=open(out / f"log{r}", "w"), stderr=subprocess.STDOUT)
-             for r in range(cr.WORLD)]
-    deadline, timed_out = time.monotonic() + RUN_TIMEOUT_S, False
-    try:
-        for p in procs:
-            try:
-                p.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                break
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-        for p in procs:
-            p.wait()
+    with Zygote(PRELOAD, env=env) as z:
+        procs = [z.spawn(path=HARNESS, argv=[out / "plan.json", r], log=out / f"log{r}") for r in range(cr.WORLD)]
+        deadline, timed_out = time.monotonic() + RUN_TIMEOUT_S, False
+        try:
+            for p in procs:
+                try:
+                    p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+                except TimeoutError:
+                    timed_out = True
+                    break
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                p.wait(30)
     return RankRuns(out, procs, timed_out)
 
 

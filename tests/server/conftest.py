@@ -27,6 +27,7 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/server/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.server)
+            item.add_marker(pytest.mark.slow)  # the quick lane (-m "not slow") never starts a server
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,10 @@ than the acknowledged-not-durable gauge said at the kill); under ``durable`` not
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
-from .conftest import write_config
+from l3kit import write_config
 
 pytestmark = pytest.mark.usefixtures("standins")
 
@@ -34,13 +32,13 @@ def _stack(cfg):
     return stack.DsaStack.build(spec, sa)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ack", ["write_behind", "durable"])
-def test_a_sigkill_right_after_sglangs_ack_loses_only_the_write_behind_window(tmp_path, ack):
+def test_a_sigkill_right_after_sglangs_ack_loses_only_the_write_behind_window(sglang_python, tmp_path, ack):
     cfg = write_config(tmp_path, cold_start="load", ack=ack)
     out = tmp_path / "child.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, CHILD, cfg, str(out), str(PAGES), "0.25"], capture_output=True,
-                          text=True, timeout=300, env=env)
+    # the child: a process of its own, forked from a parent that imported SGLang only; it SIGKILLs itself
+    proc = sglang_python.run(path=CHILD, argv=[cfg, out, PAGES, "0.25"], env=dict(os.environ), timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-4000:]
     rec = json.loads(out.read_text())
     assert rec["ack"] == ack and len(rec["acked"]) == PAGES  # SGLang was told every page is stored
@@ -61,7 +59,7 @@ def test_a_sigkill_right_after_sglangs_ack_loses_only_the_write_behind_window(tm
         else:
             # The window: acknowledged before durable (the gauge said so at the kill), lost by the kill, and
             # bounded by what the gauge showed; the restart serves misses, never wrong bytes.
-            assert rec["acked_not_durable_pages"] > 0 and rec["acked_not_durable_oldest_s"] >= 0
+            assert rec["acked_not_durable_pages"] > 0 and rec["acked_not_durable_oldest_s"] > 0
             assert 0 < lost <= rec["acked_not_durable_pages"]
             assert loaded < len(rec["tokens"])
             assert store.stats()["verify_failures"] == 0

@@ -6,7 +6,7 @@ import torch
 
 from sglang_glm_ext.l3.hicache.extra_config import AttachError
 
-from .conftest import write_config
+from l3kit import write_config
 from .test_backend import attach, pools, transfers
 
 PS = 64

@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from .conftest import write_config
+from l3kit import write_config
 
 pytestmark = pytest.mark.usefixtures("standins")
 

@@ -21,7 +21,7 @@ import torch
 from sglang_glm_ext.l3.hicache.extra_config import AttachError
 from sglang_glm_ext.l3.hicache.parts import DCP_REFUSED, KV_SHARDING_REFUSED, kv_stripe
 
-from .conftest import write_config
+from l3kit import write_config
 from .test_backend import attach
 
 PS = 64

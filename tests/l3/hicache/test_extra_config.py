@@ -1,6 +1,6 @@
 """The extra config SGLang's dynamic factory gets, and its checks at attach. (One store per (config, rank) per
-process and pages visible between spill and durability are the store's now: tests/l3/test_store_sharing.py,
-tests/l3/test_staging.py, and through the backend in test_backend.py.)"""
+process and pages visible between spill and durability are the store's now: tests/l3/engine/test_store_sharing.py,
+tests/l3/engine/test_staging.py, and through the backend in test_backend.py.)"""
 
 import json
 

@@ -5,7 +5,7 @@ one rank, on a CPU: the flows a GLM-5 server runs, asserting loaded token counts
 import pytest
 import torch
 
-from .conftest import write_config
+from l3kit import write_config
 
 pytestmark = pytest.mark.usefixtures("standins")
 

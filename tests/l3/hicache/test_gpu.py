@@ -4,7 +4,7 @@ pinned (cudaHostRegister'd) host pools. Skipped elsewhere with the reason it car
 import pytest
 import torch
 
-from .conftest import write_config
+from l3kit import write_config
 
 
 @pytest.mark.gpu(reason="proves the L3 backend under SGLang's real HiCache kernels (kernel I/O, page_first and "

@@ -1,219 +1,168 @@
-"""L3 metrics through SGLang's own metrics endpoint, on SGLang's real HiCache stack with the L3 backend (CPU).
+"""l3/hicache/metrics.py: the mapping from ``stats()`` to samples, the fork's names, and the process registry's promises
+(one registration per process, counters fed by deltas and never dropping, a failed stats() never escaping)."""
 
-A scheduler-like child process runs the stack with ``--enable-metrics`` (``StackSpec.metrics``) and Prometheus
-multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, as ``set_prometheus_multiproc_dir`` sets it up); this test process
-plays SGLang's HTTP server: it mounts ``/metrics`` with SGLang's ``add_prometheus_middleware`` over the same
-directory and scrapes it between the child's steps. Each metric must move as the run does: spill -> the spill
-counters, reload -> the reload counters, clear -> no counter moves, detach + re-attach -> one source, no second
-registration, counters never drop. A child of its own also keeps SGLang's collectors out of this process's registry.
-"""
-
-import json
-import os
-import subprocess
-import sys
-
+import numpy as np
 import pytest
 
-from .conftest import write_config
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-CHILD = r'''
-import json, sys
-cfg = sys.argv[1]
-import sglang_glm_ext
-sglang_glm_ext.register()
+import l3kit
+from l3kit import K
 from sglang_glm_ext.l3.hicache import metrics
-from sglang_glm_ext.l3.demo import cpu_standins, stack
+from sglang_glm_ext.l3.disk.format import slot_bytes_for
 
-PS = 64
+PB = 4096 + 100
+SLOT = slot_bytes_for(PB)
+NS = l3kit.NS  # the store fixture's namespace
 
-def stage(name, **facts):
-    st.backend._metrics.push()
-    print("STAGE " + json.dumps({"stage": name, "sources": list(metrics.registered_sources().values()), **facts}),
-          flush=True)
-    assert sys.stdin.readline().strip() == "go"
-
-def write(tokens, seed):
-    st.fill_device(st.insert(tokens), seed)
-    st.write_back_storage(tokens)
-    assert st.backend.store.flush(30)
-
-cpu_standins.install()
-spec = stack.StackSpec(metrics=True)
-sa = stack.publish_server_args(spec, storage_backend=None, extra_config='{"prefetch_threshold": 64}',
-                               plugin_values={"enable_cp_l3": True, "cp_l3_config": cfg})
-st = stack.DsaStack.build(spec, sa)
-b = st.backend
-stage("attached", kv=b.plan.kv.page_bytes, idx=b.plan.pools["indexer"].page_bytes,
-      max_inflight=b.config.max_inflight)
-tokens = list(range(1, 1 + 6 * PS))
-write(tokens, 1)
-stage("spilled")
-st.evict_device(len(tokens))
-st.evict_host(len(tokens))
-assert st.prefetch(tokens, "r1") == len(tokens)
-stage("reloaded")
-assert b.clear()
-stage("cleared")
-ec = sa.hicache_storage_backend_extra_config
-assert st.cache.detach_storage_backend()[0]
-assert st.cache.attach_storage_backend("dynamic", ec if isinstance(ec, str) else json.dumps(ec))[0]
-assert st.backend is not b and st.backend._metrics is not None
-stage("reattached")
-write(list(range(10_000, 10_000 + 2 * PS)), 2)
-stage("spilled_again")
-st.close()
-print("DONE", flush=True)
-'''
+FORK = {"sglang:cp_l3_used_slots", "sglang:cp_l3_total_slots", "sglang:cp_l3_inflight_spill",
+        "sglang:cp_l3_inflight_reload", "sglang:cp_l3_queue_depth", "sglang:cp_l3_spill_pages_total",
+        "sglang:cp_l3_reload_pages_total", "sglang:cp_l3_gc_reclaimed_total", "sglang:cp_l3_write_errors_total"}
 
 
-def _scrape(app_client):
-    from prometheus_client.parser import text_string_to_metric_families
-
-    r = app_client.get("/metrics/")
-    assert r.status_code == 200, r.text
-    out = {}
-    for fam in text_string_to_metric_families(r.text):
-        for s in fam.samples:
-            if s.name.startswith("sglang:cp_l3_"):
-                out.setdefault(s.name, []).append((s.labels, s.value))
-    return out
+def cfg(tmp_path):
+    return l3kit.config(tmp_path, budget=16 * SLOT, map_size=64 * 2**20,
+                        queues={"staging_bytes": 8 * SLOT, "write_batch_pages": 4, "io_threads": 1,
+                                "reload_threads": 1})
 
 
-def _v(scrape, name, **labels):
-    """The sum over the label sets that match ``labels`` (one source here)."""
-    rows = [v for lab, v in scrape.get(name, []) if all(lab.get(k) == str(x) for k, x in labels.items())]
-    assert rows, f"{name} {labels} not scraped; have {sorted(scrape)}"
-    return sum(rows)
+def _labels(**over):
+    base = {k: "0" for k in metrics.BASE_LABELS}
+    base.update(deployment="unit", **over)
+    return base
 
 
-@pytest.mark.timeout(600)
-def test_metrics_move_with_a_hicache_run_scraped_through_sglangs_endpoint_in_multiprocess_mode(tmp_path, monkeypatch):
-    from fastapi import FastAPI
-    from starlette.testclient import TestClient
+def _value(name, **labels):
+    from prometheus_client import REGISTRY
 
-    from sglang.srt.utils.common import add_prometheus_middleware
-
-    prom = tmp_path / "prom"
-    prom.mkdir()
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(prom))
-    app = FastAPI()
-    add_prometheus_middleware(app)  # SGLang's /metrics: a MultiProcessCollector over PROMETHEUS_MULTIPROC_DIR
-    client = TestClient(app)
-
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               PROMETHEUS_MULTIPROC_DIR=str(prom))
-    child = subprocess.Popen([sys.executable, "-c", CHILD, write_config(tmp_path)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    seen = {}
-    try:
-        def next_stage():
-            for line in child.stdout:
-                if line.startswith("STAGE "):
-                    facts = json.loads(line[6:])
-                    seen[facts["stage"]] = facts
-                    return facts, _scrape(client)
-            raise AssertionError(f"child ended early: {child.wait()} {child.stderr.read()[-4000:]}")
-
-        def go():
-            child.stdin.write("go\n")
-            child.stdin.flush()
-
-        facts, m = next_stage()
-        assert facts["stage"] == "attached" and facts["sources"] == [1]
-        kv, idx = facts["kv"], facts["idx"]
-        assert _v(m, "sglang:cp_l3_total_slots", payload="target_kv") > 0
-        assert _v(m, "sglang:cp_l3_total_slots", payload="index_k") > 0
-        assert _v(m, "sglang:cp_l3_used_slots", payload="target_kv") == 0
-        assert _v(m, "sglang:cp_l3_spill_pages_total") == 0
-        assert _v(m, "sglang:cp_l3_inflight_spill_limit") == facts["max_inflight"]
-        # The labels SGLang's storage collector uses, the fork's cp_rank, the L3 rank and the deployment.
-        lab = m["sglang:cp_l3_spill_pages_total"][0][0]
-        assert {k: lab[k] for k in ("tp_rank", "dp_rank", "pp_rank", "pp_size", "attn_cp_rank", "attn_cp_size",
-                                    "cp_rank", "cp_size", "l3_rank")} == \
-            {"tp_rank": "0", "dp_rank": "0", "pp_rank": "0", "pp_size": "1", "attn_cp_rank": "0",
-             "attn_cp_size": "1", "cp_rank": "0", "cp_size": "1", "l3_rank": "0"}
-        assert lab["deployment"]
-        # SGLang's own storage collector is on beside ours (same switch: --enable-metrics).
-        go()
-
-        facts, m = next_stage()
-        assert facts["stage"] == "spilled"
-        assert _v(m, "sglang:cp_l3_spill_pages_total") == 12  # 6 KV (v1) + 6 indexer (v2) pages
-        assert _v(m, "sglang:cp_l3_spill_bytes_total") == 6 * (kv + idx)
-        assert _v(m, "sglang:cp_l3_used_slots", payload="target_kv") == 6
-        assert _v(m, "sglang:cp_l3_used_slots", payload="index_k") == 6
-        assert _v(m, "sglang:cp_l3_inflight_spill") == 0
-        assert _v(m, "sglang:cp_l3_reload_pages_total") == 0
-        assert _v(m, "sglang:cp_l3_write_errors_total") == 0
-        go()
-
-        facts, m = next_stage()
-        assert facts["stage"] == "reloaded"
-        assert _v(m, "sglang:cp_l3_reload_pages_total") == 12
-        assert _v(m, "sglang:cp_l3_reload_bytes_total") == 6 * (kv + idx)
-        assert _v(m, "sglang:cp_l3_corrupt_pages_total") == 0
-        assert _v(m, "sglang:cp_l3_spill_pages_total") == 12
-        before = m
-        go()
-
-        facts, m = next_stage()
-        assert facts["stage"] == "cleared"
-        assert _v(m, "sglang:cp_l3_used_slots", payload="target_kv") == 0
-        for name in ("spill_pages", "spill_bytes", "reload_pages", "reload_bytes"):
-            n = f"sglang:cp_l3_{name}_total"
-            assert _v(m, n) == _v(before, n), n  # clear resets no counter
-        go()
-
-        facts, m = next_stage()
-        assert facts["stage"] == "reattached" and facts["sources"] == [1]  # one source, one registration
-        assert _v(m, "sglang:cp_l3_spill_pages_total") == 12  # a new store's counters (0) drop nothing
-        assert _v(m, "sglang:cp_l3_reload_pages_total") == 12
-        assert len(m["sglang:cp_l3_spill_pages_total"]) == 1
-        go()
-
-        facts, m = next_stage()
-        assert facts["stage"] == "spilled_again"
-        assert _v(m, "sglang:cp_l3_spill_pages_total") == 16  # counted on from the new store's 0
-        assert _v(m, "sglang:cp_l3_used_slots", payload="target_kv") == 2
-        go()
-        out, err = child.communicate(timeout=120)
-        assert child.returncode == 0, err[-4000:]
-        assert "DONE" in out
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    # The scheduler process is gone; its counter files stay, as SGLang's own do.
-    m = _scrape(client)
-    assert _v(m, "sglang:cp_l3_spill_pages_total") == 16
-    assert list(seen) == ["attached", "spilled", "reloaded", "cleared", "reattached", "spilled_again"]
+    return REGISTRY.get_sample_value(name, labels)
 
 
-def test_labels_take_cp_from_the_backend_then_sglangs_storage_config_then_one_rank():
-    from types import SimpleNamespace
-
-    from sglang_glm_ext.l3.hicache.metrics import metric_labels
-
-    sc = SimpleNamespace(tp_rank=3, dp_rank=1, pp_rank=2, pp_size=4, attn_cp_rank=5, attn_cp_size=8)
-    lab = metric_labels(sc, l3_rank=11, deployment="d", extra={"cluster": "a", "tp_rank": "overwrite?"})
-    assert lab == {"tp_rank": 3, "dp_rank": 1, "pp_rank": 2, "pp_size": 4, "attn_cp_rank": 5, "attn_cp_size": 8,
-                   "cp_rank": 5, "cp_size": 8, "l3_rank": 11, "deployment": "d", "cluster": "a"}
-    assert metric_labels(sc, l3_rank=0, deployment="d", cp_rank=2, cp_size=4, extra={})["cp_rank"] == 2
-    old = SimpleNamespace(tp_rank=0, pp_rank=0, pp_size=1)  # a config without CP fields: one CP rank
-    lab = metric_labels(old, l3_rank=0, deployment="d", extra={})
-    assert (lab["attn_cp_rank"], lab["attn_cp_size"], lab["dp_rank"]) == (0, 1, 0)
+def test_the_forks_names_are_kept_and_every_name_is_in_sglangs_namespace():
+    names = {m.name for m in metrics.METRICS}
+    assert FORK <= names and {m.name for m in metrics.METRICS if m.fork} == FORK
+    assert all(n.startswith("sglang:cp_l3_") for n in names) and len(names) == len(metrics.METRICS)
+    assert all(m.name.endswith("_total") == (m.type == "counter") for m in metrics.METRICS)
 
 
-def test_metrics_are_off_unless_sglangs_metrics_are_on():
-    from types import SimpleNamespace
+def test_a_real_stores_stats_feed_every_store_metric(store):
+    key = l3kit.key(0, "p")
+    assert store.spill(K, [key], [np.zeros(PB, np.uint8)]) == [True]
+    assert store.flush(30)
+    rows = metrics.store_samples(store.stats())
+    got = {name for name, _, _ in rows}
+    want = {m.name for m in metrics.METRICS if not m.name.startswith("sglang:cp_l3_backend_")}
+    assert got == want, want ^ got  # a stats() key renamed in the store is a missing metric here
+    by = {(n, lab): v for n, lab, v in rows}
+    assert by[("sglang:cp_l3_used_slots", (("payload", "target_kv"),))] == 1
+    assert by[("sglang:cp_l3_spill_bytes_total", ())] == PB
+    assert by[("sglang:cp_l3_queue_depth", (("queue", "write"),))] == 0
+    assert {lab for n, lab, _ in rows if n == "sglang:cp_l3_dropped_writes_total"} == \
+        {(("reason", r),) for r in ("staging", "pool_full", "bad_input")}
 
-    from sglang_glm_ext.l3.hicache import metrics as glue
 
-    backend = SimpleNamespace(storage_config=SimpleNamespace(enable_storage_metrics=False))
-    assert glue.attach(backend) is None
-    glue.detach(None)
-    broken = SimpleNamespace(storage_config=SimpleNamespace(enable_storage_metrics=True))  # no store: never raises
-    assert glue.attach(broken) is None
+def test_backend_counters_map_by_reason():
+    rows = metrics.backend_samples({"bad_indices": 3, "unknown_pool": 1, "not_ready": 2, "errors": 4, "set_pages": 9,
+                                  "set_not_owned": 5})
+    assert sorted(rows) == sorted([("sglang:cp_l3_backend_rejected_total", (("reason", "bad_indices"),), 3.0),
+                                   ("sglang:cp_l3_backend_rejected_total", (("reason", "unknown_pool"),), 1.0),
+                                   ("sglang:cp_l3_backend_rejected_total", (("reason", "not_ready"),), 2.0),
+                                   ("sglang:cp_l3_backend_errors_total", (), 4.0),
+                                   ("sglang:cp_l3_backend_not_owned_pages_total", (), 5.0)])
+
+
+class _FakeStore:
+    def __init__(self):
+        self.st = {"slots": {"target_kv": {"used": 0, "total": 8}}, "spilled": 0, "inflight": 0}
+        self.fail = False
+
+    def stats(self):
+        if self.fail:
+            raise RuntimeError("stats broke")
+        return dict(self.st)
+
+
+def test_counters_are_fed_by_deltas_and_never_drop_across_a_new_store():
+    owner, s1 = object(), _FakeStore()
+    lab = _labels(tp_rank="71")
+    reg = metrics.register(owner, lab, s1.stats, s1, backend_stats=lambda: {"errors": 1})
+    spill = "sglang:cp_l3_spill_pages_total"
+    assert _value(spill, **lab) == 0
+    s1.st["spilled"] = 5
+    reg.push()
+    reg.push()  # the same total twice is one increment, not two
+    assert _value(spill, **lab) == 5
+    s1.st["slots"] = {"target_kv": {"used": 3, "total": 8}}
+    reg.push()
+    assert _value("sglang:cp_l3_used_slots", payload="target_kv", **lab) == 3
+    assert _value("sglang:cp_l3_backend_errors_total", **lab) == 1
+    reg.close()
+    reg.close()  # once
+    # Re-attach under the same labels: a new store counting from 0 again; the Prometheus counter goes on.
+    s2 = _FakeStore()
+    reg2 = metrics.register(object(), lab, s2.stats, s2, backend_stats=lambda: {"errors": 1})
+    assert metrics.registered_sources()[tuple(lab[k] for k in metrics.BASE_LABELS)] == 1
+    assert _value(spill, **lab) == 5
+    s2.st["spilled"] = 2
+    reg2.push()
+    assert _value(spill, **lab) == 7
+    assert _value("sglang:cp_l3_backend_errors_total", **lab) == 2  # a new backend's own count adds
+    # A total below the last one (the store restarted between two pushes) is all new, never a decrease.
+    s2.st["spilled"] = 1
+    reg2.push()
+    assert _value(spill, **lab) == 8
+    reg2.close()
+
+
+def test_a_failing_stats_is_swallowed_and_counted_on_next_time():
+    s = _FakeStore()
+    lab = _labels(tp_rank="72")
+    reg = metrics.register(object(), lab, s.stats, s)
+    s.fail = True
+    reg.push()  # never raises into the caller (the push thread, a detach)
+    s.fail, s.st["spilled"] = False, 4
+    metrics.push_all()
+    assert _value("sglang:cp_l3_spill_pages_total", **lab) == 4
+    reg.close()
+
+
+def test_registering_again_never_registers_a_metric_twice_and_unknown_labels_are_dropped():
+    from prometheus_client import REGISTRY
+
+    s = _FakeStore()
+    regs = [metrics.register(object(), _labels(tp_rank="73"), s.stats, s) for _ in range(3)]
+    regs.append(metrics.register(object(), {**_labels(tp_rank="74"), "not_a_label_here": "x"}, s.stats, s))
+    assert all(r is not None for r in regs)
+    names = [n for n in REGISTRY._names_to_collectors if n == "sglang:cp_l3_spill_pages"]
+    assert names == ["sglang:cp_l3_spill_pages"]
+    assert metrics.registered_sources()[tuple(_labels(tp_rank="73")[k] for k in metrics.BASE_LABELS)] == 3
+    assert "not_a_label_here" not in regs[-1].labels
+    for r in regs:
+        r.close()
+
+
+def test_no_prometheus_import_at_module_import():
+    import subprocess
+    import sys
+
+    code = "import sys, sglang_glm_ext.l3.hicache.metrics, sglang_glm_ext.l3.engine.store; print('prometheus_client' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"  # SGLang sets PROMETHEUS_MULTIPROC_DIR before the client's first import
+
+
+@pytest.mark.parametrize("stats", [{}, {"slots": None}, {"slots": {"target_kv": {}}}])
+def test_missing_keys_are_no_samples_not_errors(stats):
+    assert metrics.store_samples(stats) == []
+
+
+def test_the_metrics_doc_lists_every_metric_with_its_type():
+    """The doc's metrics table is METRICS, row for row: name, fork mark, type, own labels -- and no row the code
+    does not have (a metric removed or renamed in the code fails here too)."""
+    import re
+
+    doc = (l3kit.REPO / "docs_internal" / "l3_metrics.md").read_text()
+    rows = {}
+    for line in doc.splitlines():
+        m = re.match(r"^\| `(sglang:cp_l3_[a-z_]+)`( \(fork\))? \| (counter|gauge) \| ([^|]*) \|", line)
+        if m:
+            rows[m.group(1)] = (bool(m.group(2)), m.group(3), m.group(4).strip())
+    want = {m.name: (m.fork, m.type, ", ".join(m.labels) or "-") for m in metrics.METRICS}
+    assert rows == want, {k: (rows.get(k), want.get(k)) for k in rows.keys() | want.keys() if rows.get(k) != want.get(k)}

@@ -13,7 +13,7 @@ from unittest import mock
 
 import pytest
 
-from .conftest import ensure_datasets_importable
+from l3kit import ensure_datasets_importable
 
 ensure_datasets_importable()
 

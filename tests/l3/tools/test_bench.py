@@ -127,6 +127,7 @@ def test_raw_read_xxh3_reads_into_the_host_pages_and_says_when_it_cannot(tmp_pat
         host.close()
 
 
+@pytest.mark.slow
 def test_ab_driver_runs_the_bench_file_against_both_trees(tmp_path):
     out = tmp_path / "ab"
     proc = subprocess.run(

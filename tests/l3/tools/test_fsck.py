@@ -2,16 +2,17 @@
 e2fsck's), CLI wiring. Every case runs on real slabs and a real LMDB index."""
 
 import argparse
-import hashlib
 import json
 import os
 import struct
 
 import numpy as np
 
+import l3kit
+from l3kit import K, NS
 from sglang_glm_ext.l3.cli import add_l3_subcommands
 from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.disk.format import HEADER_SIZE, Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.disk.format import HEADER_SIZE, PayloadKind, slot_bytes_for
 from sglang_glm_ext.l3.tools.fsck import fsck, fsck_main
 from sglang_glm_ext.l3.engine.index import IndexEntry, make_key
 from sglang_glm_ext.l3.engine.store import L3Store
@@ -19,12 +20,10 @@ from sglang_glm_ext.l3.engine.store import L3Store
 PB = 4096 + 50
 SLOT = slot_bytes_for(PB)
 H = SLOT - HEADER_SIZE  # format v2: the header is the slot's last 128 bytes
-NS = Namespace("glm5", "bf16", "page_first", 64, 0, 78, "tp0")
-K = PayloadKind.TARGET_KV
 
 
 def key(i):
-    return hashlib.sha256(f"f{i}".encode()).hexdigest()
+    return l3kit.key(i, "f")
 
 
 def setup(tmp_path, n=6):

@@ -2,8 +2,6 @@
 error is a clear plugin error before serving, and the CPU stand-ins never get near a server or a GPU."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -11,7 +9,7 @@ from sglang_glm_ext.declare import PluginFlagError
 from sglang_glm_ext.l3.hicache import extra_config
 from sglang_glm_ext.l3 import hooks
 
-from .conftest import write_config
+from l3kit import write_config
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -161,13 +159,14 @@ def test_require_plp_on_a_disk_not_known_safe_is_refused(tmp_path):
     assert parse(l3_argv(ok)).hicache_storage_backend == "dynamic"
 
 
-def test_register_never_installs_the_cpu_standins():
+@pytest.mark.slow
+def test_register_never_installs_the_cpu_standins(sglang_python):
     code = ("import sglang_glm_ext as p; led = p.register();"
             "import sglang.srt.mem_cache.pool_host.mla as m, sglang.srt.mem_cache.pool_host.dsa as d;"
             "demo = {s.patch.id: s.state.value for s in led.status.values() if s.patch.tier.value == 'demo'};"
             "print(sorted(set(demo.values())), hasattr(m, 'transfer_kv_direct'), hasattr(d, 'transfer_kv_direct'),"
             "len(demo))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = sglang_python.run(code=code, timeout=300)  # a process where the plugin never ran
     assert out.stdout.split()[-4:] == ["['skipped']", "False", "False", "4"], out.stderr[-2000:]
 
 
@@ -198,14 +197,15 @@ def test_standins_refuse_in_a_process_that_launched_a_server(monkeypatch):
         cpu_standins.install()
 
 
-def test_a_server_launch_is_refused_where_the_standins_are_installed():
-    # A fresh process: install the stand-ins, then try to launch an Engine; the resolve hook refuses it before
+@pytest.mark.slow
+def test_a_server_launch_is_refused_where_the_standins_are_installed(sglang_python):
+    # A process of its own (the plugin never ran there): install the stand-ins, then try to launch an Engine; the resolve hook refuses it before
     # anything starts.
     code = ("import sglang_glm_ext as p; p.register();"
             "from sglang_glm_ext.l3.demo import cpu_standins; cpu_standins.install();"
             "import sglang\n"
             "try:\n    sglang.Engine(model_path='dummy')\nexcept Exception as e:\n    print('REFUSED', e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    out = sglang_python.run(code=code, timeout=300)
     assert "REFUSED" in out.stdout and "stand-ins" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
 
 

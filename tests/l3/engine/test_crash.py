@@ -12,27 +12,38 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import l3kit
+from l3kit import K, NS
 from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.disk.format import slot_bytes_for
 from sglang_glm_ext.l3.tools.fsck import fsck
 from sglang_glm_ext.l3.engine.store import L3Store
 
-REPO = str(Path(__file__).resolve().parents[2])
+REPO = str(l3kit.REPO)
 PB = 2 * 4096 + 300
 SLOT = slot_bytes_for(PB)
 SLOTS = 600
 
+
+def key(i, salt="x"):
+    return l3kit.key(i, salt)
+
+
+def page(i, salt="x"):
+    return l3kit.page(i, salt, nbytes=PB)
+
+
+# The child's pages are the parent's: the same l3kit, the same PB and salt.
 COMMON = textwrap.dedent(f"""
-    import hashlib
-    import numpy as np
-    from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind
+    import sys
+    sys.path.insert(0, {l3kit.HERE!r})
+    import l3kit
+    from l3kit import K, NS
     PB = {PB}
-    NS = Namespace("glm5", "bf16", "page_first", 64, 0, 78, "tp0")
-    K = PayloadKind.TARGET_KV
     def key(i, salt="x"):
-        return hashlib.sha256(f"{{salt}}{{i}}".encode()).hexdigest()
+        return l3kit.key(i, salt)
     def page(i, salt="x"):
-        return np.frombuffer(hashlib.shake_256(f"{{salt}}{{i}}".encode()).digest(PB), np.uint8).copy()
+        return l3kit.page(i, salt, nbytes=PB)
 """)
 
 CHILD = COMMON + textwrap.dedent("""
@@ -60,8 +71,6 @@ CHILD = COMMON + textwrap.dedent("""
     import time
     time.sleep(60)
 """)
-
-exec(COMMON)  # key(), page(), NS, K for the parent
 
 
 def _config(tmp_path):

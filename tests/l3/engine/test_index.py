@@ -5,6 +5,7 @@ import stat
 
 import pytest
 
+import l3kit
 from sglang_glm_ext.l3.engine.index import IndexEntry, L3Index, deployment_tag, make_key, split_key
 
 NS_A = b"A" * 16
@@ -123,9 +124,8 @@ def test_sizing_bytes_per_entry(tmp_path):
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-REPO = str(Path(__file__).resolve().parents[2])
+REPO = str(l3kit.REPO)
 
 _TRUNC_CHILD = textwrap.dedent("""
     import sys

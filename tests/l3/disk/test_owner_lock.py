@@ -5,37 +5,34 @@ the second server's cold start used to delete the first one's live entries. The 
 the first lives (in another process or in this one), and allowed again once it is gone (the kernel drops the lock
 of a SIGKILLed process)."""
 
-import hashlib
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+import l3kit
+from l3kit import K, NS
 from sglang_glm_ext.l3.config import L3Config
 from sglang_glm_ext.l3.disk.slab import SlabLockedError
-from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.disk.format import slot_bytes_for
 from sglang_glm_ext.l3.engine.index import L3Index
 from sglang_glm_ext.l3.engine.store import L3OwnerLockedError, L3Store, L3StoreError
 
-REPO = str(Path(__file__).resolve().parents[2])
+REPO = str(l3kit.REPO)
 PB = 4096 + 7
 SLOT = slot_bytes_for(PB)
-NS = Namespace("glm5", "bf16", "page_first", 64, 0, 78, "tp0")
-K = PayloadKind.TARGET_KV
 
 
 def key(i):
-    return hashlib.sha256(f"o{i}".encode()).hexdigest()
+    return l3kit.key(i, "o")  # what CHILD writes
 
 
 def cfg_dict(tmp_path, disk, dep="t"):
-    return {"deployment_id": dep, "disks": [{"path": str(tmp_path / disk), "budget": 32 * SLOT}],
-            "index": {"path": str(tmp_path / "index"), "map_size": 2**24}}
+    return l3kit.config_dict(tmp_path, budget=32 * SLOT, deployment=dep, disk=disk)
 
 
 def _entries(tmp_path, store_like_dep):

@@ -1,37 +1,25 @@
 """The store's counters the metrics read (l3/engine/counters.py, ``stats()``): bytes beside pages, reload inflight, and
 monotonic across ``clear``."""
 
-import hashlib
 import threading
 
 import numpy as np
 
-from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+import l3kit
+from l3kit import K, key
+from sglang_glm_ext.l3.disk.format import slot_bytes_for
 from sglang_glm_ext.l3.disk.host_layout import PageLayout
 
 PB = 2 * 4096 + 300
 SLOT = slot_bytes_for(PB)
-NS = Namespace("glm5", "bf16", "page_first", 64, 0, 78, "tp0")
-K = PayloadKind.TARGET_KV
+NS = l3kit.NS  # the store fixture's namespace
+page = l3kit.pages_of(PB)
 
 
 def cfg(tmp_path):
-    return L3Config.from_dict({
-        "deployment_id": "t",
-        "disks": [{"path": str(tmp_path / "disk"), "budget": 32 * SLOT}],
-        "index": {"path": str(tmp_path / "index"), "map_size": 64 * 2**20},
-        "queues": {"staging_bytes": 16 * SLOT, "max_inflight": 12, "write_batch_pages": 4, "io_threads": 2,
-                   "reload_threads": 2},
-    })
-
-
-def key(i):
-    return hashlib.sha256(f"c{i}".encode()).hexdigest()
-
-
-def page(i):
-    return np.frombuffer(hashlib.shake_256(f"c{i}".encode()).digest(PB), dtype=np.uint8).copy()
+    return l3kit.config(tmp_path, budget=32 * SLOT, map_size=64 * 2**20,
+                        queues={"staging_bytes": 16 * SLOT, "max_inflight": 12, "write_batch_pages": 4,
+                                "io_threads": 2, "reload_threads": 2})
 
 
 def test_bytes_follow_pages_and_clear_resets_no_counter(store):

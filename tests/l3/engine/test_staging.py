@@ -3,52 +3,33 @@ from its staging buffer until it is durable, never after it was cancelled or its
 releases a buffer a reader is still copying."""
 
 import errno
-import hashlib
-import os
 import threading
 
 import numpy as np
 import pytest
 
-from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+import l3kit
+from l3kit import K, Gate
+from sglang_glm_ext.l3.disk.format import slot_bytes_for
 from sglang_glm_ext.l3.disk.host_layout import PageLayout
 
 PB = 2 * 4096 + 300
 SLOT = slot_bytes_for(PB)
-NS = Namespace("glm5", "bf16", "page_first", 64, 0, 4, "tp0")
-K = PayloadKind.TARGET_KV
+NS = l3kit.namespace(layer_end=4)
 
 
 def key(i, salt="s"):
-    return hashlib.sha256(f"{salt}{i}".encode()).hexdigest()
+    return l3kit.key(i, salt)
 
 
 def page(i, salt="s"):
-    return np.frombuffer(hashlib.shake_256(f"{salt}{i}".encode()).digest(PB), dtype=np.uint8).copy()
+    return l3kit.page(i, salt, nbytes=PB)
 
 
 def cfg(tmp_path):
-    return L3Config.from_dict({
-        "deployment_id": "st",
-        "disks": [{"path": str(tmp_path / "disk"), "budget": 32 * SLOT}],
-        "index": {"path": str(tmp_path / "index"), "map_size": 16 * 2**20},
-        "queues": {"staging_bytes": 16 * SLOT, "write_batch_pages": 4, "io_threads": 2, "reload_threads": 2},
-    })
-
-
-class Gate:
-    """A pwrite that blocks until opened (a stalled disk), then fails with ``err`` or writes."""
-
-    def __init__(self, err=None):
-        self.open, self.entered, self.err = threading.Event(), threading.Event(), err
-
-    def __call__(self, fd, data, offset):
-        self.entered.set()
-        self.open.wait(30)
-        if self.err is not None:
-            raise OSError(self.err, f"injected: {os.strerror(self.err)}")
-        return os.pwrite(fd, data, offset)
+    return l3kit.config(tmp_path, budget=32 * SLOT, deployment="st", map_size=16 * 2**20,
+                        queues={"staging_bytes": 16 * SLOT, "write_batch_pages": 4, "io_threads": 2,
+                                "reload_threads": 2})
 
 
 @pytest.fixture
@@ -285,11 +266,8 @@ def test_a_full_staging_waits_for_room_when_the_caller_may_wait_and_drops_otherw
     backpressure), without one the overflow is dropped and counted."""
     from sglang_glm_ext.l3.engine.store import L3Store
 
-    c = L3Config.from_dict({
-        "deployment_id": "bp", "disks": [{"path": str(tmp_path / "disk"), "budget": 64 * SLOT}],
-        "index": {"path": str(tmp_path / "index"), "map_size": 16 * 2**20},
-        "queues": {"staging_bytes": 3 * SLOT, "write_batch_pages": 2, "io_threads": 1, "reload_threads": 1},
-    })
+    c = l3kit.config(tmp_path, budget=64 * SLOT, deployment="bp", map_size=16 * 2**20,
+                     queues={"staging_bytes": 3 * SLOT, "write_batch_pages": 2, "io_threads": 1, "reload_threads": 1})
     s = L3Store.open(c, rank=0, namespace=NS, page_bytes={K: PB})
     try:
         keys = [key(i, "bp") for i in range(24)]

@@ -3,7 +3,6 @@ buffers at aligned and unaligned addresses, with every neighbour byte of the des
 also when the page is a miss; corrupt payload tails and headers are misses; version mismatches as the upgrade
 policy says. Real files, real O_DIRECT where the file system takes it."""
 
-import hashlib
 import mmap
 import os
 import struct
@@ -11,37 +10,33 @@ import struct
 import numpy as np
 import pytest
 
-from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.disk.format import HEADER_SIZE, Namespace, PayloadKind, slot_bytes_for
+import l3kit
+from l3kit import K
+from sglang_glm_ext.l3.disk.format import HEADER_SIZE, slot_bytes_for
 from sglang_glm_ext.l3.disk.host_layout import PageLayout
 from sglang_glm_ext.l3.engine.store import L3Store
 
-K = PayloadKind.TARGET_KV
-NS = Namespace("glm5", "fp8", "layer_first", 64, 0, 3, "tp0")
+NS = l3kit.namespace(kv_dtype="fp8", layout="layer_first", layer_end=3)
 CHUNK = 64 * 656  # GLM-5's layer chunk: 41,984 B, 512 B-aligned, not 4 KiB-aligned
 GUARD = 0xA5
 
 
 def key(i, salt="r"):
-    return hashlib.sha256(f"{salt}{i}".encode()).hexdigest()
+    return l3kit.key(i, salt)
 
 
 def payload(i, nbytes, salt="r"):
-    return np.frombuffer(hashlib.shake_256(f"{salt}{i}".encode()).digest(nbytes), np.uint8).copy()
+    return l3kit.page(i, salt, nbytes=nbytes)
 
 
 def open_store(tmp_path, pb, slots=16):
-    cfg = L3Config.from_dict({
-        "deployment_id": "rl", "disks": [{"path": str(tmp_path / "disk"), "budget": slots * slot_bytes_for(pb)}],
-        "index": {"path": str(tmp_path / "index"), "map_size": 2**24},
-        "queues": {"staging_bytes": 8 * slot_bytes_for(pb), "io_threads": 2, "reload_threads": 2},
-    })
+    cfg = l3kit.config(tmp_path, budget=slots * slot_bytes_for(pb), deployment="rl",
+                       queues={"staging_bytes": 8 * slot_bytes_for(pb), "io_threads": 2, "reload_threads": 2})
     return L3Store.open(cfg, rank=0, namespace=NS, page_bytes={K: pb})
 
 
 def spill(s, idxs, pb):
-    assert all(s.spill(K, [key(i) for i in idxs], [payload(i, pb) for i in idxs]))
-    assert s.flush(30)
+    l3kit.spill_durable(s, idxs, "r", nbytes=pb)
 
 
 def guarded(nbytes):
@@ -220,58 +215,4 @@ def test_a_refused_direct_transfer_falls_back_and_still_reads_exact_bytes(tmp_pa
         if len(calls) == 3:  # the reader was direct: 4 KiB plans, then buffered reads
             assert rd.io_mode == "buffered" and rd.align.source.startswith("buffered")
     finally:
-        s.close()
-
-
-def test_flush_returns_only_after_the_reload_outcomes_recorded_before_it_are_applied(tmp_path):
-    """Issue 20, item 5: flush() promises that everything issued before it has taken effect, reloads included: a
-    page that failed verification in a reload that returned before the call is reclaimed (exists no longer counts
-    it) and hits are persisted. It used to return one writer round early when its barrier was taken in the same
-    writer pass that had already swapped out the reload outcomes (the bad page recorded meanwhile): the schedule is
-    forced here with two control messages that hold the writer inside that pass."""
-    import threading
-    import time
-
-    from sglang_glm_ext.l3.engine.messages import Barrier
-
-    pb = 3 * CHUNK
-    s = open_store(tmp_path, pb)
-    try:
-        spill(s, [5, 6], pb)
-        poke(s, slot_of(s, 5) * slot_bytes_for(pb), b"\x5c")  # payload byte: a verify failure at the next read
-        w = s._writer
-        real_free = w.reclaim.free
-        hold = {key(101): threading.Event(), key(102): threading.Event()}
-        entered = {k: threading.Event() for k in hold}
-
-        def held_free(kind, ikeys):
-            for k, ev in hold.items():
-                if s._ikey(K, bytes.fromhex(k)) in ikeys:
-                    entered[k].set()
-                    assert ev.wait(30)
-            return real_free(kind, ikeys)
-
-        w.reclaim.free = held_free
-        s.free(K, [key(101)])  # the writer's pass takes it (its reload outcomes already swapped) and waits
-        assert entered[key(101)].wait(10)
-        assert s.reload_into(K, [key(5)], [np.zeros(pb, np.uint8)]) == [False]  # recorded during that pass
-        assert s.reload_into(K, [key(6)], [np.zeros(pb, np.uint8)]) == [True]  # a hit: a touch to persist
-        got = []
-        t = threading.Thread(target=lambda: got.append(s.flush(30)))
-        t.start()
-        s.free(K, [key(102)])  # posted after flush() took its count: flush waits for the first free only
-        hold[key(101)].set()
-        assert entered[key(102)].wait(10)
-        deadline = time.monotonic() + 10
-        while not any(isinstance(op, Barrier) for op in list(w._ctl)):  # flush's barrier queued behind it
-            assert time.monotonic() < deadline
-            time.sleep(0.002)
-        hold[key(102)].set()  # the same pass now takes the barrier
-        t.join(30)
-        assert got == [True]
-        assert s.exists(K, [key(5)]) == 0 and s.stats()["verify_failures"] == 1  # reclaimed before flush returned
-        assert s.stats()["pending_touches"] == 0 and not w._touch_pending  # the hit reached the index too
-    finally:
-        for ev in hold.values():
-            ev.set()
         s.close()

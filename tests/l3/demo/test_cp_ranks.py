@@ -1,30 +1,44 @@
 """2-3 gloo processes play the attention-CP ranks of one node with SGLang's real HiCache stack and controllers
 (UnifiedRadixCache + HybridCacheController over the DSA host pool group, the CP process group SGLang's controller
 builds its MIN agreements on) and the L3 backend with the plugin's writer patch. Driver:
-``sglang_glm_ext/l3/demo/cp_ranks.py``. Every multi-process run is bounded: a rank that does not finish in
-time fails the test (all ranks are killed), it is never skipped."""
+``sglang_glm_ext/l3/demo/cp_ranks.py``, one OS process per rank, forked from a zygote that imported torch and SGLang
+once for the module (tests/rank_zygote.py). Every multi-process run is bounded: a rank that does not finish in time
+fails the test (all ranks are killed), it is never skipped."""
 
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from .conftest import write_config
+import l3kit
+from l3kit import write_config
+from rank_zygote import Zygote
 
-REPO = str(Path(__file__).resolve().parents[3])
+REPO = str(l3kit.REPO)
 PS = 64
-RUN_TIMEOUT = 300  # s per multi-process run on a loaded 2-core machine (each rank imports SGLang: ~20-40 s)
+RUN_TIMEOUT = 300  # s per multi-process run on a loaded 2-core machine
 
 pytestmark = pytest.mark.slow
 
+# What every rank imports before its scenario runs (none of it reads what a rank sets: its argv names its plan).
+PRELOAD = ["torch", "torch.distributed", "sglang.srt.server_args", "sglang.srt.runtime_context",
+           "sglang.srt.plugins", "sglang.srt.mem_cache.unified_radix_cache", "sglang.srt.mem_cache.memory_pool",
+           "sglang.srt.mem_cache.allocator.paged", "sglang.srt.mem_cache.cache_init_params",
+           "sglang.srt.mem_cache.hicache_storage", "sglang.srt.mem_cache.utils", "sglang_glm_ext",
+           "sglang_glm_ext.l3.demo.stack", "sglang_glm_ext.l3.demo.cpu_standins", "sglang_glm_ext.l3.hicache.backend"]
+
+
+@pytest.fixture(scope="module")
+def zygote():
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with Zygote(PRELOAD, env=env, cwd=REPO) as z:
+        yield z
+
 
 def _config(tmp_path, ranks, budget="16MiB", **overrides):
-    from .conftest import TEST_BUDGET
+    from l3kit import TEST_BUDGET
 
     p = write_config(tmp_path, **overrides)
     text = open(p).read().replace("count = 1", f"count = {ranks}").replace(f'"{TEST_BUDGET}"', f'"{budget}"')
@@ -32,17 +46,14 @@ def _config(tmp_path, ranks, budget="16MiB", **overrides):
     return p
 
 
-def _spawn(tmp_path, name, world, config, scenario, **extra):
+def _spawn(zygote, tmp_path, name, world, config, scenario, **extra):
     d = tmp_path / name
     out = d / "out"
     out.mkdir(parents=True)
     plan = {"world": world, "init_file": str(d / "gloo-init"), "config": config, "scenario": scenario,
             "out": str(out), **extra}
     (d / "plan.json").write_text(json.dumps(plan))
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    procs = [subprocess.Popen([sys.executable, "-m", "sglang_glm_ext.l3.demo.cp_ranks",
-                               str(d / "plan.json"), str(r)], env=env, cwd=REPO,
-                              stdout=open(out / f"log{r}", "w"), stderr=subprocess.STDOUT)
+    procs = [zygote.spawn(module="sglang_glm_ext.l3.demo.cp_ranks", argv=[d / "plan.json", r], log=out / f"log{r}")
              for r in range(world)]
     return procs, out
 
@@ -52,7 +63,7 @@ def _kill_all(procs):
         if p.poll() is None:
             p.kill()
     for p in procs:
-        p.wait()
+        p.wait(30)
 
 
 def _results(procs, out, deadline, skip=()):
@@ -64,7 +75,7 @@ def _results(procs, out, deadline, skip=()):
             left = deadline - time.monotonic()
             try:
                 p.wait(timeout=max(left, 0.1))
-            except subprocess.TimeoutExpired:
+            except TimeoutError:
                 pytest.fail(f"rank {r} did not finish within {RUN_TIMEOUT}s (a hang): "
                             f"{(out / f'log{r}').read_text()[-2000:]}")
     finally:
@@ -82,8 +93,8 @@ def _results(procs, out, deadline, skip=()):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_every_cp_rank_hits_what_any_rank_wrote_and_the_min_decides_one_prefix(tmp_path, world):
-    procs, out = _spawn(tmp_path, "hits", world, _config(tmp_path, world), "hits")
+def test_every_cp_rank_hits_what_any_rank_wrote_and_the_min_decides_one_prefix(zygote, tmp_path, world):
+    procs, out = _spawn(zygote, tmp_path, "hits", world, _config(tmp_path, world), "hits")
     res = _results(procs, out, time.monotonic() + RUN_TIMEOUT)
     pages = 8
     assert [res[r]["cp_rank"] for r in range(world)] == list(range(world))
@@ -107,12 +118,12 @@ def test_every_cp_rank_hits_what_any_rank_wrote_and_the_min_decides_one_prefix(t
     assert all(res[r]["final"]["reload_misses"] == 0 for r in range(world))
 
 
-def test_a_sigkilled_rank_loses_nothing_acknowledged_and_survivors_serve_its_pages(tmp_path):
+def test_a_sigkilled_rank_loses_nothing_acknowledged_and_survivors_serve_its_pages(zygote, tmp_path):
     world, victim = 3, 1
     # 64 MiB over 3 ranks: the victim's bounded write loop stays below its GC watermark, so nothing it wrote is
     # reclaimed (GC may drop cold pages by design; this test is about a crash)
     cfg = _config(tmp_path, world, budget="64MiB", cold_start="load")
-    procs, out = _spawn(tmp_path, "crash", world, cfg, "crash_write", victim=victim)
+    procs, out = _spawn(zygote, tmp_path, "crash", world, cfg, "crash_write", victim=victim)
     deadline = time.monotonic() + RUN_TIMEOUT
     acked = out / "acked.txt"
     try:
@@ -136,7 +147,7 @@ def test_a_sigkilled_rank_loses_nothing_acknowledged_and_survivors_serve_its_pag
         assert got["victim_acked_seen"] == got["victim_acked"] > 0
 
     # restart the whole group with cold_start = load: nothing the victim acknowledged is lost
-    procs, out2 = _spawn(tmp_path, "restart", world, cfg, "crash_reload", acked_dir=str(out))
+    procs, out2 = _spawn(zygote, tmp_path, "restart", world, cfg, "crash_reload", acked_dir=str(out))
     res = _results(procs, out2, time.monotonic() + RUN_TIMEOUT)
     for r, got in res.items():
         assert got["victim_acked"] == n_acked and got["victim_acked_seen"] == n_acked

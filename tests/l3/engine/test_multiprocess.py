@@ -5,14 +5,14 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
+import l3kit
 from sglang_glm_ext.l3.config import L3Config
 from sglang_glm_ext.l3.tools.fsck import fsck
 
-REPO = str(Path(__file__).resolve().parents[2])
+REPO = str(l3kit.REPO)
 N_RANKS = 3
 PAGES = 24
 

@@ -2,6 +2,7 @@
 check nothing; its work directory is removed, kept (--keep) or the caller's (--dir) as the README says."""
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -10,18 +11,12 @@ import pytest
 from sglang_glm_ext.l3.demo import run as demo_run
 
 
-def _demo(*args, env=None):
-    import os
-
-    full = dict(os.environ)
-    full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "sglang_glm_ext.cli", "demo", *args], capture_output=True,
-                          text=True, timeout=900, env=full)
-
-
 @pytest.mark.slow
-def test_demo_runs_every_phase_and_checks_bytes(tmp_path):
-    proc = _demo("--requests", "2", "--pages", "2", "--layers", "8", "--dir", str(tmp_path / "w"), "--keep")
+def test_demo_runs_every_phase_and_checks_bytes(sglang_python, tmp_path):
+    # `sglang-glm-ext demo` in a process of its own (forked from a parent that imported SGLang only)
+    proc = sglang_python.run(module="sglang_glm_ext.cli", timeout=900, env=dict(os.environ),
+                             argv=["demo", "--requests", "2", "--pages", "2", "--layers", "8", "--dir",
+                                   str(tmp_path / "w"), "--keep"])
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     for phase in ("write-back to L3", "L2 eviction", "prefetch from L3", "restart (cold_start=load)",
@@ -40,14 +35,14 @@ def test_demo_refuses_where_a_gpu_is_visible():
 
 
 @pytest.mark.slow
-def test_demo_fails_when_a_page_claims_a_hit_without_its_bytes():
+def test_demo_fails_when_a_page_claims_a_hit_without_its_bytes(sglang_python):
     # An engine that reports every reload as a hit but writes nothing: completion and hit counts look fine, the
     # byte check must still fail the demo.
     code = ("import sys; from sglang_glm_ext.l3.engine import store as s;"
             "s.L3Store.reload_into_layout = lambda self, kind, keys, layout, pages: [True] * len(keys);"
             "from sglang_glm_ext.cli import main;"
             "sys.exit(main(['demo', '--requests', '1', '--pages', '2', '--layers', '4']))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    proc = sglang_python.run(code=code, env=dict(os.environ), timeout=900)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "FAILED" in proc.stdout and "DIFFER" in proc.stdout
 

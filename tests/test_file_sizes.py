@@ -6,7 +6,7 @@ L3 store was). Lines are counted as ``wc -l`` does.
 
 import pathlib
 
-PKG = pathlib.Path(__file__).resolve().parents[2] / "sglang_glm_ext"
+PKG = pathlib.Path(__file__).resolve().parents[1] / "sglang_glm_ext"
 
 
 def test_no_file_holds_more_than_a_tenth_of_the_package_lines():

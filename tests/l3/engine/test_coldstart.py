@@ -1,36 +1,31 @@
 """Cold start: clear (default) vs load; load rebuilds pools + GC LRU from the index entries alone (no slab read),
 and every page it keeps is still verified on read."""
 
-import hashlib
-
 import numpy as np
 import pytest
 
-from sglang_glm_ext.l3.config import L3Config, L3ConfigError
-from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+import l3kit
+from l3kit import K, NS
+from sglang_glm_ext.l3.config import L3ConfigError
+from sglang_glm_ext.l3.disk.format import Namespace, slot_bytes_for
 from sglang_glm_ext.l3.engine.index import IndexEntry, make_key
 from sglang_glm_ext.l3.engine.store import L3Store
 
 PB = 8192 + 10
 SLOT = slot_bytes_for(PB)
-NS = Namespace("glm5", "bf16", "page_first", 64, 0, 78, "tp0")
-K = PayloadKind.TARGET_KV
 
 
 def key(i, salt="c"):
-    return hashlib.sha256(f"{salt}{i}".encode()).hexdigest()
+    return l3kit.key(i, salt)
 
 
 def page(i, salt="c"):
-    return np.frombuffer(hashlib.shake_256(f"{salt}{i}".encode()).digest(PB), np.uint8).copy()
+    return l3kit.page(i, salt, nbytes=PB)
 
 
 def cfg(tmp_path, slots=40, dep="dep", ranks=1, **over):
-    d = {"deployment_id": dep, "disks": [{"path": str(tmp_path / "disk"), "budget": slots * SLOT * ranks}],
-         "index": {"path": str(tmp_path / "index"), "map_size": 2**24}, "ranks": {"count": ranks},
-         "gc": {"start": 0.9, "stop": 0.5}}
-    d.update(over)
-    return L3Config.from_dict(d)
+    return l3kit.config(tmp_path, budget=slots * SLOT * ranks, deployment=dep,
+                        **{"ranks": {"count": ranks}, "gc": {"start": 0.9, "stop": 0.5}, **over})
 
 
 def opened(tmp_path, mode, rank=0, **kw):
@@ -38,14 +33,11 @@ def opened(tmp_path, mode, rank=0, **kw):
 
 
 def spill(s, idxs, salt="c"):
-    assert all(s.spill(K, [key(i, salt) for i in idxs], [page(i, salt) for i in idxs]))
-    assert s.flush(30)
+    l3kit.spill_durable(s, idxs, salt, nbytes=PB)
 
 
 def reads_back(s, idxs, salt="c"):
-    dst = [np.zeros(PB, np.uint8) for _ in idxs]
-    ok = s.reload_into(K, [key(i, salt) for i in idxs], dst)
-    return all(ok) and all(np.array_equal(d, page(i, salt)) for d, i in zip(dst, idxs))
+    return l3kit.reads_back(s, idxs, salt, nbytes=PB)
 
 
 def test_load_keeps_durable_pages_and_never_reuses_their_slots(tmp_path):

@@ -113,5 +113,11 @@ def test_require_plp_refuses_unknown_and_unsafe():
 
 
 def test_real_machine_probe_runs(tmp_path):
+    """On this machine's own /sys and /proc: the verdict is the auto policy applied to the devices it read (any
+    write back: unsafe; every one write through: safe; else, or no block device at all: unknown), and the advisory
+    latency probe ran on the path."""
     report = probe_plp(tmp_path, samples=3)
-    assert report.safe in (True, False, None) and report.reasons
+    caches = list(report.devices.values())
+    want = False if "write back" in caches else True if caches and set(caches) == {"write through"} else None
+    assert report.path == str(tmp_path) and report.safe is want, report.summary()
+    assert report.fsync_median_us is not None and report.fsync_median_us > 0 and report.reasons

@@ -3,41 +3,34 @@ attach): its slab sized by the config alone, served like the kinds opened first,
 whether it is opened with the others or added again later; refused, naming the fix, where the budget rule cannot
 size it alone."""
 
-import hashlib
 import threading
 
 import numpy as np
 import pytest
 
-from sglang_glm_ext.l3.config import L3Config, L3ConfigError
+import l3kit
+from l3kit import key
+from sglang_glm_ext.l3.config import L3ConfigError
 from sglang_glm_ext.l3.errors import L3StoreError
-from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.disk.format import PayloadKind, slot_bytes_for
 from sglang_glm_ext.l3.engine.store import L3Store
 
 KV, IDX, DRAFT = PayloadKind.TARGET_KV, PayloadKind.INDEX_K, PayloadKind.DRAFT_KV
 PB = {KV: 2 * 4096 + 100, IDX: 1000, DRAFT: 4096 + 7}
-NS = Namespace("glm5", "fp8", "page_first", 64, 0, 4, "replicated")
+NS = l3kit.namespace(kv_dtype="fp8", layer_end=4, shard="replicated")
 WEIGHTS = {"target_kv": 4, "index_k": 1, "draft_kv": 2}
 BUDGET = 40 * (sum(slot_bytes_for(n) for n in PB.values()))
 
 
-def key(i, salt="k"):
-    return hashlib.sha256(f"{salt}{i}".encode()).hexdigest()
-
-
 def page(kind, i):
-    return np.frombuffer(hashlib.shake_256(f"{kind.label}{i}".encode()).digest(PB[kind]), dtype=np.uint8).copy()
+    return l3kit.page(i, kind.label, nbytes=PB[kind])
 
 
 def cfg(tmp_path, cold_start="load", weights=True):
-    d = {"deployment_id": "kinds", "cold_start": cold_start,
-         "disks": [{"path": str(tmp_path / "disk"), "budget": BUDGET}],
-         "index": {"path": str(tmp_path / "index"), "map_size": 16 * 2**20},
-         "queues": {"staging_bytes": 16 * slot_bytes_for(PB[KV]), "write_batch_pages": 4, "io_threads": 1,
-                    "reload_threads": 1}}
-    if weights:
-        d.update(payload_split="weights", payload_weights=WEIGHTS)
-    return L3Config.from_dict(d)
+    split = {"payload_split": "weights", "payload_weights": WEIGHTS} if weights else {}
+    return l3kit.config(tmp_path, budget=BUDGET, deployment="kinds", map_size=16 * 2**20, cold_start=cold_start,
+                        queues={"staging_bytes": 16 * slot_bytes_for(PB[KV]), "write_batch_pages": 4,
+                                "io_threads": 1, "reload_threads": 1}, **split)
 
 
 def open_store(c, kinds):

@@ -1,41 +1,36 @@
 """One store per (index, deployment, rank) per process, shared: L3Store.open returns a counted handle onto the store
 this process already has open when namespace, payload kinds and config match; cold start runs once, at the first
 open; the last close closes. A mismatch is refused, naming both sides. Another process is refused as before
-(test_owner.py)."""
+(disk/test_owner_lock.py)."""
 
-import hashlib
 import threading
 
 import numpy as np
 import pytest
 
-from sglang_glm_ext.l3.config import L3Config
+import l3kit
+from l3kit import K
 from sglang_glm_ext.l3.errors import L3OwnerLockedError, L3StoreError
-from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.disk.format import Namespace, slot_bytes_for
 from sglang_glm_ext.l3.disk.owner_lock import OwnerLock
 from sglang_glm_ext.l3.engine.store import L3Store
 
 PB = 4096 + 500
 SLOT = slot_bytes_for(PB)
-NS = Namespace("glm5", "bf16", "page_first", 64, 0, 4, "tp0")
-K = PayloadKind.TARGET_KV
+NS = l3kit.namespace(layer_end=4)
 
 
 def key(i):
-    return hashlib.sha256(f"share{i}".encode()).hexdigest()
+    return l3kit.key(i, "share")
 
 
 def page(i):
-    return np.full(PB, i % 251, np.uint8)
+    return l3kit.page(i, "share", nbytes=PB)
 
 
 def cfg(tmp_path, disk="disk", **top):
-    return L3Config.from_dict({
-        "deployment_id": "sh", "disks": [{"path": str(tmp_path / disk), "budget": 32 * SLOT}],
-        "index": {"path": str(tmp_path / "index"), "map_size": 16 * 2**20},
-        "queues": {"staging_bytes": 8 * SLOT, "write_batch_pages": 4, "io_threads": 1, "reload_threads": 1},
-        **top,
-    })
+    return l3kit.config(tmp_path, budget=32 * SLOT, deployment="sh", map_size=16 * 2**20, disk=disk, **{
+        "queues": {"staging_bytes": 8 * SLOT, "write_batch_pages": 4, "io_threads": 1, "reload_threads": 1}, **top})
 
 
 def open_store(config, ns=NS, pb=PB, **kw):

@@ -20,7 +20,6 @@ Two ways to get there, and the test id says which ran:
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import shutil
@@ -30,36 +29,33 @@ import lmdb
 import numpy as np
 import pytest
 
+import l3kit
+from l3kit import K
 from sglang_glm_ext.l3.config import L3Config
 from sglang_glm_ext.l3.disk.slab import fail_write
-from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+from sglang_glm_ext.l3.disk.format import slot_bytes_for
 from sglang_glm_ext.l3.engine.index import deployment_tag
 from sglang_glm_ext.l3.engine.store import L3Store
 
 PB = 16 * 1024 - 128
 SLOT = slot_bytes_for(PB)
 SLOTS = 256
-NS = Namespace("glm5", "fp8", "page_first", 64, 0, 4, "replicated")
-K = PayloadKind.TARGET_KV
+NS = l3kit.namespace(kv_dtype="fp8", layer_end=4, shard="replicated")
 WAVE = 64
 
 
 def key(i, salt="fd"):
-    return hashlib.sha256(f"{salt}{i}".encode()).hexdigest()
+    return l3kit.key(i, salt)
 
 
 def page(i, salt="fd"):
-    return np.frombuffer(hashlib.shake_256(f"{salt}{i}".encode()).digest(PB), np.uint8).copy()
+    return l3kit.page(i, salt, nbytes=PB)
 
 
 def _cfg(root: str) -> L3Config:
-    return L3Config.from_dict({
-        "deployment_id": "full", "cold_start": "clear",
-        "disks": [{"path": os.path.join(root, "disk"), "budget": SLOTS * SLOT}],
-        "index": {"path": os.path.join(root, "index"), "map_size": 32 * 2**20},
-        "queues": {"staging_bytes": 2 * WAVE * SLOT, "write_batch_pages": 16, "io_threads": 2,
-                   "reload_threads": 2},
-    })
+    return l3kit.config(root, budget=SLOTS * SLOT, deployment="full", map_size=32 * 2**20, cold_start="clear",
+                        queues={"staging_bytes": 2 * WAVE * SLOT, "write_batch_pages": 16, "io_threads": 2,
+                                "reload_threads": 2})
 
 
 # ---------------------------------------------------------------------------------------------- the two disks

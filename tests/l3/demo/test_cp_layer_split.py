@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from .test_cp_ranks import PS, RUN_TIMEOUT, _config, _kill_all, _results, _spawn
+from .test_cp_ranks import PS, RUN_TIMEOUT, _config, _kill_all, _results, _spawn, zygote  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.slow
 
@@ -25,9 +25,10 @@ def _ranges(world):
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_every_rank_reloads_its_own_layers_and_a_missing_or_corrupt_part_cuts_every_rank_alike(tmp_path, world):
+def test_every_rank_reloads_its_own_layers_and_a_missing_or_corrupt_part_cuts_every_rank_alike(zygote, tmp_path,
+                                                                                               world):
     pages = 8
-    procs, out = _spawn(tmp_path, "hits", world, _config(tmp_path, world), "lsplit_hits", layers=LAYERS,
+    procs, out = _spawn(zygote, tmp_path, "hits", world, _config(tmp_path, world), "lsplit_hits", layers=LAYERS,
                         pages=pages, lag=3, corrupt_page=5, keep=2)
     res = _results(procs, out, time.monotonic() + RUN_TIMEOUT)
     ranges = _ranges(world)
@@ -52,12 +53,12 @@ def test_every_rank_reloads_its_own_layers_and_a_missing_or_corrupt_part_cuts_ev
     assert all(res[r]["final"]["verify_failures"] == 0 for r in range(world) if r != 1)
 
 
-def test_a_sigkilled_rank_loses_nothing_acknowledged_and_another_split_is_a_clean_miss(tmp_path):
+def test_a_sigkilled_rank_loses_nothing_acknowledged_and_another_split_is_a_clean_miss(zygote, tmp_path):
     world, victim = 3, 1
     # 64 MiB over 3 ranks: the victim's bounded write loop stays below its GC watermark (GC may drop cold pages by
     # design; this test is about a crash)
     cfg = _config(tmp_path, world, budget="64MiB", cold_start="load")
-    procs, out = _spawn(tmp_path, "crash", world, cfg, "lsplit_crash_write", victim=victim, layers=LAYERS)
+    procs, out = _spawn(zygote, tmp_path, "crash", world, cfg, "lsplit_crash_write", victim=victim, layers=LAYERS)
     deadline = time.monotonic() + RUN_TIMEOUT
     acked = out / "acked.txt"
     try:
@@ -81,7 +82,7 @@ def test_a_sigkilled_rank_loses_nothing_acknowledged_and_another_split_is_a_clea
     digests = {r: got["digest"] for r, got in res.items()}
 
     # restart the world with cold_start = load: the victim keeps every page it acknowledged, every rank its part
-    procs, out2 = _spawn(tmp_path, "restart", world, cfg, "lsplit_crash_reload", acked_dir=str(out), layers=LAYERS)
+    procs, out2 = _spawn(zygote, tmp_path, "restart", world, cfg, "lsplit_crash_reload", acked_dir=str(out), layers=LAYERS)
     res = _results(procs, out2, time.monotonic() + RUN_TIMEOUT)
     assert {r: res[r]["digest"] for r in digests} == digests  # the same parts, the same namespaces
     assert res[victim]["victim_acked"] == res[victim]["victim_acked_seen"] == n_acked > 0
@@ -90,7 +91,7 @@ def test_a_sigkilled_rank_loses_nothing_acknowledged_and_another_split_is_a_clea
         assert got["loaded"] == 8 * PS and got["bytes_ok"]  # SGLang's prefetch hits every page on every rank
 
     # the same disks under another split (2 ranks): other parts, other namespaces: a clean miss, never bytes
-    procs, out3 = _spawn(tmp_path, "other", 2, cfg, "lsplit_other_split", layers=LAYERS)
+    procs, out3 = _spawn(zygote, tmp_path, "other", 2, cfg, "lsplit_other_split", layers=LAYERS)
     res2 = _results(procs, out3, time.monotonic() + RUN_TIMEOUT)
     for r, got in res2.items():
         assert got["shard"] == f"replicated-pp0of1-lsplit{r}of2" and got["digest"] not in digests.values()
@@ -102,9 +103,9 @@ def test_a_sigkilled_rank_loses_nothing_acknowledged_and_another_split_is_a_clea
                         "JIT one-layer kernel, which a CPU cannot run) with pinned host pools: 2 CP ranks on one GPU, "
                         "gloo MINs, every rank reloads its own layers byte-exact, a corrupt or missing part cuts both")
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-def test_layer_split_round_trips_through_sglangs_gpu_kernels(tmp_path, layout):
+def test_layer_split_round_trips_through_sglangs_gpu_kernels(zygote, tmp_path, layout):
     world, pages = 2, 8
-    procs, out = _spawn(tmp_path, "gpu", world, _config(tmp_path, world), "lsplit_hits", layers=LAYERS, pages=pages,
+    procs, out = _spawn(zygote, tmp_path, "gpu", world, _config(tmp_path, world), "lsplit_hits", layers=LAYERS, pages=pages,
                         lag=3, corrupt_page=5, keep=2, device="cuda", layout=layout, io_backend="kernel")
     res = _results(procs, out, time.monotonic() + RUN_TIMEOUT)
     for r in range(world):

@@ -16,38 +16,32 @@
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 
 import numpy as np
 
-from sglang_glm_ext.l3.config import L3Config
-from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
+import l3kit
+from l3kit import K, key
+from sglang_glm_ext.l3.disk.format import slot_bytes_for
 from sglang_glm_ext.l3.engine.index import deployment_tag
 from sglang_glm_ext.l3.engine.store import L3Store
 
-K = PayloadKind.TARGET_KV
 PB = 8192 + 10
 SLOT = slot_bytes_for(PB)
-NS_A = Namespace("glm-a", "fp8", "page_first", 64, 0, 78, "replicated")
-NS_B = Namespace("glm-b", "fp8", "page_first", 64, 0, 78, "replicated")  # another model, same geometry
-NS_C = Namespace("glm-c", "fp8", "page_first", 64, 0, 92, "replicated")  # an upgrade: more layers, bigger pages
+NS_A = l3kit.namespace(model="glm-a", kv_dtype="fp8", shard="replicated")
+NS_B = l3kit.namespace(model="glm-b", kv_dtype="fp8", shard="replicated")  # another model, same geometry
+NS_C = l3kit.namespace(model="glm-c", kv_dtype="fp8", layer_end=92, shard="replicated")  # an upgrade: bigger pages
 PB_C = 3 * 8192 + 50
 SLOT_C = slot_bytes_for(PB_C)
 
 
-def key(i, salt):
-    return hashlib.sha256(f"{salt}{i}".encode()).hexdigest()
-
-
 def page(i, salt, pb=PB):
-    return np.frombuffer(hashlib.shake_256(f"{salt}{i}".encode()).digest(pb), np.uint8).copy()
+    return l3kit.page(i, salt, nbytes=pb)
 
 
 def cfg(tmp_path, budget=40 * SLOT, start=0.9, stop=0.5):
-    return L3Config.from_dict({"deployment_id": "dep", "disks": [{"path": str(tmp_path / "disk"), "budget": budget}],
-                               "index": {"path": str(tmp_path / "index"), "map_size": 2**24},
-                               "gc": {"start": start, "stop": stop}, "cold_start": "load"})
+    return l3kit.config(tmp_path, budget=budget, deployment="dep", gc={"start": start, "stop": stop},
+                        cold_start="load")
 
 
 def opened(tmp_path, ns, pb=PB, mode="load", **kw):
@@ -55,14 +49,11 @@ def opened(tmp_path, ns, pb=PB, mode="load", **kw):
 
 
 def spill(s, idxs, salt, pb=PB):
-    assert all(s.spill(K, [key(i, salt) for i in idxs], [page(i, salt, pb) for i in idxs]))
-    assert s.flush(30)
+    l3kit.spill_durable(s, idxs, salt, nbytes=pb)
 
 
 def reads_back(s, idxs, salt, pb=PB):
-    dst = [np.zeros(pb, np.uint8) for _ in idxs]
-    ok = s.reload_into(K, [key(i, salt) for i in idxs], dst)
-    return all(ok) and all(np.array_equal(d, page(i, salt, pb)) for d, i in zip(dst, idxs))
+    return l3kit.reads_back(s, idxs, salt, nbytes=pb)
 
 
 def entries(s):

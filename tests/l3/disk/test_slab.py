@@ -2,7 +2,6 @@
 
 import errno
 import os
-import pathlib
 import re
 import stat
 import subprocess
@@ -10,12 +9,13 @@ import sys
 
 import pytest
 
+import l3kit
 from sglang_glm_ext.l3.disk import slab as D
 from sglang_glm_ext.l3.disk import format as F
 from sglang_glm_ext.l3.disk.aligned import AlignedBuffer
 from sglang_glm_ext.l3.disk.slab import DiskSlab, SlabError, SlabGeometryError, SlabLockedError
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = l3kit.REPO
 NS = F.Namespace("glm-5", "fp8_e4m3", "page_first", 64, 0, 78, "tp0of1").digest()
 PAYLOAD_LEN = 3 * 4096 + 1000  # deliberately not a BLOCK multiple, like GLM-5 pages
 SLOT = F.slot_bytes_for(PAYLOAD_LEN)

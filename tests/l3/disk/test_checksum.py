@@ -13,7 +13,7 @@ import xxhash
 
 from sglang_glm_ext.l3.disk import format as F
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 # xxHash's sanity buffer: byte i is the top byte of PRIME32 * PRIME64**i (mod 2**64).
 PRIME32, PRIME64 = 2654435761, 0x9E3779B185EBCA8D

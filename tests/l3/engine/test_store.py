@@ -2,13 +2,14 @@
 bounds, fault injection (ENOSPC / EIO / stalled disk / index full / bit flips), open-time errors."""
 
 import errno
-import hashlib
 import os
 import threading
 
 import numpy as np
 import pytest
 
+import l3kit
+from l3kit import K, NS, key
 from sglang_glm_ext.l3.config import L3Config, L3ConfigError
 from sglang_glm_ext.l3.disk.slab import fail_write
 from sglang_glm_ext.l3.disk.format import HEADER_SIZE, Namespace, PayloadKind, slot_bytes_for
@@ -17,37 +18,16 @@ from sglang_glm_ext.l3.engine.store import L3Store, L3StoreError
 
 PB = 3 * 4096 + 100  # not a BLOCK multiple, like GLM-5's 3,274,752 B
 SLOT = slot_bytes_for(PB)
-NS = Namespace("glm5", "bf16", "page_first", 64, 0, 78, "tp0")
-K = PayloadKind.TARGET_KV
-
-
-def key(i, salt="k"):
-    return hashlib.sha256(f"{salt}{i}".encode()).hexdigest()
-
-
-def page(i, salt="k"):
-    return np.frombuffer(hashlib.shake_256(f"{salt}{i}".encode()).digest(PB), dtype=np.uint8).copy()
+page = l3kit.pages_of(PB)
 
 
 def cfg(tmp_path, slots=64, **over):
-    d = {
-        "deployment_id": "t",
-        "disks": [{"path": str(tmp_path / "disk"), "budget": slots * SLOT}],
-        "index": {"path": str(tmp_path / "index"), "map_size": 64 * 2**20},
-        "queues": {"staging_bytes": 32 * SLOT, "write_batch_pages": 8, "io_threads": 2, "reload_threads": 2},
-    }
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(d.get(k), dict):
-            d[k] = {**d[k], **v}
-        else:
-            d[k] = v
-    return L3Config.from_dict(d)
+    queues = {"staging_bytes": 32 * SLOT, "write_batch_pages": 8, "io_threads": 2, "reload_threads": 2}
+    return l3kit.config(tmp_path, budget=slots * SLOT, map_size=64 * 2**20, **l3kit.merged({"queues": queues}, over))
 
 
 def spill_durable(s, idxs, salt="k"):
-    acc = s.spill(K, [key(i, salt) for i in idxs], [page(i, salt) for i in idxs])
-    assert all(acc)
-    assert s.flush(30)
+    l3kit.spill_durable(s, idxs, salt, nbytes=PB)
 
 
 def test_locate_names_where_a_durable_page_lives(store):
@@ -167,17 +147,6 @@ def test_enospc_and_eio_on_write_are_counted_misses(store):
     assert store.exists(K, [key(0), key(1)]) == 2
 
 
-def test_failed_fdatasync_fails_the_batch(store, monkeypatch):
-    def bad_sync():
-        raise OSError(errno.EIO, "injected fdatasync failure")
-
-    monkeypatch.setattr(store.slab(K), "sync", bad_sync)
-    assert all(store.spill(K, [key(i) for i in range(4)], [page(i) for i in range(4)]))
-    assert store.flush(30)
-    assert store.exists(K, [key(0)]) == 0
-    assert store.stats()["write_errors"] == 4 and store.stats()["slots"]["target_kv"]["used"] == 0
-
-
 def test_stalled_disk_bounds_memory_and_drops_are_counted(tmp_path):
     s = L3Store.open(cfg(tmp_path, queues={"staging_bytes": 4 * SLOT, "write_batch_pages": 2}),
                      rank=0, namespace=NS, page_bytes={K: PB})
@@ -223,39 +192,6 @@ def test_pool_full_drops_and_counts_never_blocks(tmp_path):
         # Later spills make room by reclaiming the coldest durable pages on the write path.
         spill_durable(s, [10])
         assert s.exists(K, [key(10)]) == 1
-    finally:
-        s.close()
-
-
-def test_index_map_full_is_a_counted_miss(tmp_path, monkeypatch):
-    s = L3Store.open(cfg(tmp_path), rank=0, namespace=NS, page_bytes={K: PB})
-    try:
-        monkeypatch.setattr(s.index, "commit_puts", lambda items: None)  # what L3Index returns on MapFullError
-        assert all(s.spill(K, [key(i) for i in range(3)], [page(i) for i in range(3)]))
-        assert s.flush(30)
-        st = s.stats()
-        assert st["index_full"] == 3 and st["spilled"] == 0 and st["slots"]["target_kv"]["used"] == 0
-        assert s.exists(K, [key(0)]) == 0
-    finally:
-        monkeypatch.undo()
-        s.close()
-
-
-def test_real_lmdb_map_full_through_the_store(tmp_path):
-    s = L3Store.open(cfg(tmp_path, slots=4000, index={"map_size": 2**20}),
-                     rank=0, namespace=NS, page_bytes={K: 4096 - HEADER_SIZE})
-    try:
-        n, full = 0, False
-        small = np.zeros(4096 - HEADER_SIZE, np.uint8)
-        while n < 20000 and not full:
-            ks = [key(i, "mf") for i in range(n, n + 256)]
-            s.spill(K, ks, [small] * 256)
-            assert s.flush(60)
-            n += 256
-            full = s.stats()["index_full"] > 0
-        assert full
-        st = s.stats()
-        assert st["slots"]["target_kv"]["used"] == st["spilled"] - st["gc_reclaimed"]
     finally:
         s.close()
 
@@ -560,73 +496,6 @@ def test_after_one_failed_write_later_spills_of_every_kind_succeed(tmp_path, err
         s.close()
 
 
-# Issue 7, found by reading: a failing control operation still completes (no later flush/clear times out), and
-# clear() says whether it cleared.
-def test_a_free_that_fails_inside_the_writer_does_not_wedge_later_flushes(store, monkeypatch):
-    spill_durable(store, range(3))
-    real = store.index.get_many
-    calls = {"n": 0}
-
-    def failing_once(keys):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("injected index failure inside free")
-        return real(keys)
-
-    monkeypatch.setattr(store.index, "get_many", failing_once)
-    store.free(K, [key(0)])
-    assert store.flush(5)  # before: the free never signalled completion, so every later flush timed out
-    assert store.stats()["data_path_errors"] >= 1
-    store.free(K, [key(1)])  # and the writer still serves control operations
-    assert store.flush(5)
-    assert store.exists(K, [key(1)]) == 0 and store.exists(K, [key(2)]) == 1
-
-
-def test_a_clear_that_cannot_delete_reports_false_and_later_operations_complete(store, monkeypatch):
-    spill_durable(store, range(3))
-
-    def broken(*a, **kw):
-        raise RuntimeError("injected index failure inside clear")
-
-    monkeypatch.setattr(store.index, "delete_for", broken)
-    assert store.clear(5) is False  # before: True, although nothing was cleared
-    monkeypatch.undo()
-    assert store.flush(5)
-    assert store.exists(K, [key(i) for i in range(3)]) == 3  # still present, still readable
-    out = np.zeros(PB, np.uint8)
-    assert store.reload_into(K, [key(1)], [out]) == [True] and np.array_equal(out, page(1))
-    assert store.clear(5) is True and store.exists(K, [key(0)]) == 0
-
-
-def test_a_clear_that_stops_partway_keeps_the_slots_of_the_surviving_entries(store, monkeypatch):
-    """Found by reading: clear reset the slot pools even when the index delete stopped partway (map full), so
-    slots that surviving entries point at were handed out again."""
-    import lmdb
-
-    spill_durable(store, range(10))
-    real = store.index.delete_for
-
-    def half_then_full(dep, rank, *a, **kw):
-        ours = sorted(k for k, e in store.index.iter_prefix(dep) if e.rank == rank)
-        with store.index.env.begin(db=store.index.db, write=True) as txn:
-            for k in ours[:5]:
-                txn.delete(k)
-        raise lmdb.MapFullError("injected: map full after the first chunk")
-
-    monkeypatch.setattr(store.index, "delete_for", half_then_full)
-    assert store.clear(5) is False
-    monkeypatch.setattr(store.index, "delete_for", real)
-    survivors = [i for i in range(10) if store.exists(K, [key(i)])]
-    assert len(survivors) == 5
-    assert store.stats()["slots"]["target_kv"]["used"] == 5  # their slots stay allocated
-    spill_durable(store, range(100, 120))  # new pages take free slots only
-    assert all(store.reload_into(K, [key(i)], [np.zeros(PB, np.uint8)]) == [True] for i in survivors)
-    dst = [np.zeros(PB, np.uint8) for _ in survivors]
-    assert store.reload_into(K, [key(i) for i in survivors], dst) == [True] * 5
-    assert all(np.array_equal(d, page(i)) for d, i in zip(dst, survivors))
-    assert store.exists(K, [key(i) for i in range(100, 120)]) == 20
-
-
 def test_open_fsyncs_every_directory_whose_entries_it_created(tmp_path, monkeypatch):
     """Found by reading: a new slab, sidecar, index file or directory is durable only once its parent directory
     is fsynced; index entries that point into a slab whose name a power cut lost would be lost pages."""
@@ -652,46 +521,6 @@ def test_open_fsyncs_every_directory_whose_entries_it_created(tmp_path, monkeypa
             f"{root}/disk/t/rank0",                 # the slab file and its sidecar (renamed into place)
             f"{root}/index"}                        # data.mdb and lock.mdb
     assert want <= set(synced), sorted(want - set(synced))
-
-
-def test_a_stale_verify_failure_never_deletes_a_newer_entry_for_the_same_slot(store, monkeypatch):
-    """Found by reading: a reader looks up X (entry E1 at slot s), X is freed and stored again into the same
-    slot (entry E2: same location, newer commit), and the reader's read of s is torn. Its verify failure names
-    E1; the reclaim matched on location only, so it deleted E2, a valid durable page."""
-    from sglang_glm_ext.l3.engine import store as store_mod
-
-    spill_durable(store, [7])
-    e1 = store.index.get(store._ikey(K, bytes.fromhex(key(7))))
-    store.free(K, [key(7)])
-    assert store.flush(30)
-    spill_durable(store, [7])  # LIFO pool: the same slot again
-    e2 = store.index.get(store._ikey(K, bytes.fromhex(key(7))))
-    assert e2.slot == e1.slot and e2.last_access > e1.last_access
-
-    real_get_many, real_read = store.index.get_many, store_mod.ReadOnlySlab.read_spans
-    monkeypatch.setattr(store.index, "get_many", lambda keys: [e1])  # the reader's snapshot from before the free
-
-    def torn(self, slot, spans, plan, bounce):
-        got = real_read(self, slot, spans, plan, bounce)
-        view, at = spans.views[0], spans.starts[0] + 5
-        view[at] ^= 0xFF  # read raced a rewrite: the payload checksum fails
-        return got
-
-    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_spans", torn)
-    assert store.reload_into(K, [key(7)], [np.zeros(PB, np.uint8)]) == [False]
-    monkeypatch.setattr(store.index, "get_many", real_get_many)
-    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_spans", real_read)
-    assert store.flush(30)
-    assert store.stats()["verify_failures"] == 1
-    assert store.index.get(store._ikey(K, bytes.fromhex(key(7)))) == e2  # the newer entry survived
-    out = np.zeros(PB, np.uint8)
-    assert store.reload_into(K, [key(7)], [out]) == [True] and np.array_equal(out, page(7))
-    # A verify failure against the CURRENT entry still reclaims it (the slot really holds bad bytes).
-    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_spans", torn)
-    assert store.reload_into(K, [key(7)], [np.zeros(PB, np.uint8)]) == [False]
-    monkeypatch.setattr(store_mod.ReadOnlySlab, "read_spans", real_read)
-    assert store.flush(30)
-    assert store.exists(K, [key(7)]) == 0 and store.stats()["slots"]["target_kv"]["used"] == 0
 
 
 def test_the_read_only_slab_falls_back_from_o_direct_without_closing_a_descriptor_in_use(tmp_path, monkeypatch):

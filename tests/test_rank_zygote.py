@@ -1,0 +1,81 @@
+"""tests/rank_zygote.py, which the multi-process tests start their ranks with: each rank is a separate process that
+gets its own argv, environment, working directory and log and starts with what the zygote imported; its exit status
+comes back (a signal as -signum); a SIGKILL kills that rank and nothing else; a wait past its timeout raises; closing
+the zygote leaves no rank behind."""
+
+import json
+import os
+import signal
+import textwrap
+import time
+
+import pytest
+
+from rank_zygote import Zygote
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys, time
+    out = {"argv": sys.argv[1:], "env": os.environ.get("ZYGOTE_TEST"), "cwd": os.getcwd(), "pid": os.getpid(),
+           "ppid": os.getppid(), "preloaded": "decimal" in sys.modules, "name": __name__}
+    print(json.dumps(out), flush=True)
+    if sys.argv[1] == "sleep":
+        time.sleep(120)
+    sys.exit(int(sys.argv[2]))
+""")
+
+
+@pytest.fixture(scope="module")
+def zygote():
+    with Zygote(["decimal"], env=dict(os.environ, ZYGOTE_TEST="zygote")) as z:
+        yield z
+
+
+@pytest.fixture
+def script(tmp_path):
+    p = tmp_path / "rank.py"
+    p.write_text(SCRIPT)
+    return p
+
+
+def test_a_rank_runs_as_its_own_process_with_its_argv_env_cwd_and_exit_status(zygote, script, tmp_path):
+    r = zygote.spawn(path=script, argv=["exit", 3], log=tmp_path / "log", env={"ZYGOTE_TEST": "rank"},
+                     cwd=str(tmp_path))
+    assert r.wait(60) == 3 and r.poll() == 3
+    got = json.loads(r.read_log().splitlines()[-1])
+    assert got["argv"] == ["exit", "3"] and got["env"] == "rank" and got["cwd"] == str(tmp_path)
+    assert got["name"] == "__main__" and got["preloaded"]  # started from the zygote's imports
+    assert got["pid"] == r.pid and got["pid"] not in (os.getpid(), zygote.proc.pid)
+    assert got["ppid"] == zygote.proc.pid  # forked by the zygote, not a thread of it
+
+
+def test_sigkill_of_one_rank_kills_that_process_only(zygote, script, tmp_path):
+    victim = zygote.spawn(path=script, argv=["sleep", 0], log=tmp_path / "victim")
+    other = zygote.spawn(path=script, argv=["sleep", 0], log=tmp_path / "other")
+    try:
+        deadline = time.monotonic() + 60
+        while not (victim.read_log() and other.read_log()):  # both running their script
+            assert time.monotonic() < deadline and victim.poll() is None and other.poll() is None
+            time.sleep(0.05)
+        os.kill(victim.pid, signal.SIGKILL)
+        assert victim.wait(30) == -signal.SIGKILL
+        assert other.poll() is None and zygote.proc.poll() is None
+    finally:
+        other.kill()
+    assert other.wait(30) == -signal.SIGKILL
+
+
+def test_a_wait_past_its_timeout_raises_and_closing_the_zygote_leaves_no_rank(script, tmp_path):
+    with Zygote([], env=dict(os.environ)) as z:
+        r = z.spawn(path=script, argv=["sleep", 0], log=tmp_path / "log")
+        with pytest.raises(TimeoutError):
+            r.wait(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(r.pid, 0)  # gone (killed and reaped), not left running
+
+
+@pytest.mark.slow
+def test_the_sglang_python_parent_imported_sglang_but_never_the_plugin(sglang_python):
+    code = ("import sys; print(sorted({m.split('.')[0] for m in sys.modules} & {'sglang', 'torch', 'sglang_glm_ext'}));"
+            "sys.exit(5)")
+    got = sglang_python.run(code=code, timeout=120)
+    assert got.returncode == 5 and got.stdout.split("\n")[0] == "['sglang', 'torch']", (got.stdout, got.stderr)
