@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+
+import pytest
 
 from sglang_glm_ext.declare import DoctorInput
 from sglang_glm_ext.hugepages import doctor
@@ -157,14 +157,19 @@ def test_selected_size_is_read_as_sglang_reads_it(monkeypatch):
 
 # ---- through `sglang-glm-ext doctor` ----
 
-def _doctor(*args, env=None):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
-    full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "sglang_glm_ext.cli", "doctor", *args], capture_output=True,
-                          text=True, env=full_env, timeout=300)
+@pytest.fixture
+def _doctor(sglang_python):
+    """`sglang-glm-ext doctor ARGS` in a process of its own, forked from a parent that imported SGLang only."""
+
+    def run(*args, env=None):
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+        full_env.update(env or {})
+        return sglang_python.run(module="sglang_glm_ext.cli", argv=["doctor", *args], env=full_env, timeout=300)
+
+    return run
 
 
-def test_doctor_cli_reports_the_fit_of_a_launch():
+def test_doctor_cli_reports_the_fit_of_a_launch(_doctor):
     # This machine's real sysfs. Whatever it has reserved, 1000 x 10^6 GB does not fit in it.
     proc = _doctor("--json", "--hicache-size", "1000000", "--ranks-per-node", "1000",
                    env={"SGLANG_HUGEPAGE_SIZE": "2MB"})
@@ -178,7 +183,7 @@ def test_doctor_cli_reports_the_fit_of_a_launch():
     assert "DOES NOT FIT" in text.stdout and "hugepages 2 MB: total" in text.stdout
 
 
-def test_doctor_cli_rejects_odd_option_values_without_a_traceback():
+def test_doctor_cli_rejects_odd_option_values_without_a_traceback(_doctor):
     proc = _doctor("--hicache-size", "lots")
     assert proc.returncode == 2 and "expected a whole number" in proc.stderr and "Traceback" not in proc.stderr
     proc = _doctor("--ranks-per-node", "0")

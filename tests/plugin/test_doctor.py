@@ -2,18 +2,27 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+
+
+_PY = None  # the session's sglang_python (tests/conftest.py), set for this module by _fork_from_sglang
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fork_from_sglang(sglang_python):
+    """`sglang-glm-ext doctor` in a process of its own whose parent imported SGLang but never the plugin: the CLI's
+    behaviour (argv, environment, exit status, output) is what these tests check, not what importing SGLang costs."""
+    global _PY
+    _PY = sglang_python
+    yield
+    _PY = None
 
 
 def doctor(*args, env=None):
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
     full_env.update(env or {})
-    proc = subprocess.run([sys.executable, "-m", "sglang_glm_ext.cli", "doctor", *args],
-                          capture_output=True, text=True, env=full_env, timeout=300)
-    return proc
+    return _PY.run(module="sglang_glm_ext.cli", argv=["doctor", *args], env=full_env, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +112,7 @@ def test_unsupported_sglang_is_reported_not_exited_even_with_feature_flags():
         "'--log-cuda-graph-buffers']; sys.exit(main(sys.argv[1:]))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    proc = _PY.run(code=code, env=env, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
     rep = json.loads(proc.stdout)
     assert rep["sglang"]["installed"] == "0.5.99" and rep["sglang"]["supported"] is False
