@@ -118,7 +118,11 @@ except verify.VerifyError as e:
 def _verifier_child(path: str) -> subprocess.Popen:
     """``lmdb.verify`` in a child that imports only the lmdb binding this process runs (``-I``: no user site, no
     environment, no project code) and prints its findings as JSON."""
+    import importlib.util
+
     import lmdb
+    if importlib.util.find_spec("lmdb.verify") is None:  # the config refuses "full" then; a direct caller learns here
+        raise OSError("L3 index: index.check = 'full' runs lmdb.verify, which this py-lmdb lacks (needs lmdb>=3.0)")
     where = os.path.dirname(os.path.dirname(os.path.abspath(lmdb.__file__)))
     return subprocess.Popen([sys.executable, "-I", "-c", _VERIFY_CHILD, where, path], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, close_fds=True)
@@ -126,7 +130,8 @@ def _verifier_child(path: str) -> subprocess.Popen:
 
 def check_index(path: str, mode: str = "fast", timeout: float = GATE_TIMEOUT_S) -> "tuple[bool, list[str]]":
     """(sound, findings) for the index directory ``path``, which nobody may be writing (the guard holds LMDB's
-    exclusive lock). Never raises for any file content; OSError where ``data.mdb`` cannot be opened at all."""
+    exclusive lock). Never raises for any file content; OSError where the check itself cannot run (``data.mdb``
+    cannot be opened, the verifier child cannot start or was killed): then nothing may be concluded, nor replaced."""
     if mode not in CHECK_MODES:
         raise ValueError(f"index check mode {mode!r}: expected one of {CHECK_MODES}")
     proc = _verifier_child(path) if mode == "full" else None
@@ -141,6 +146,8 @@ def check_index(path: str, mode: str = "fast", timeout: float = GATE_TIMEOUT_S) 
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             return False, [f"lmdb.verify did not finish in {timeout:g} s"]
+        if proc.returncode < 0:  # pure Python cannot fault on a file: the machine killed it (OOM), not damage
+            raise OSError(f"L3 index {path}: the lmdb.verify child was killed by signal {-proc.returncode}")
         if proc.returncode != 0:
             return False, [f"lmdb.verify failed (exit {proc.returncode}): {err.strip()[-300:]}"]
         try:
@@ -571,7 +578,10 @@ def salvage_records(data_path: str, collect: bool = True) -> "tuple[list[tuple[b
                 if seen[p] or free[p]:
                     continue
                 buf = f.page(p)
-                if buf is None or _PAGE.unpack_from(buf, 0)[0] != p or _PAGE.unpack_from(buf, 0)[2] & ~_P_DIRTY != _P_LEAF:
+                if buf is None:
+                    continue
+                stored, _pad, flags, _lo, _up = _PAGE.unpack_from(buf, 0)
+                if stored != p or flags & ~_P_DIRTY != _P_LEAF:
                     continue
                 got: list = []
                 ow = _Walk(f, m["last_pg"], seen, free)
@@ -661,6 +671,19 @@ def _alone(path: str) -> "int | None":
         raise
 
 
+def _require_known_layout() -> None:
+    """The walkers read LMDB 0.9's file layout on a 64-bit little-endian host. Another engine (py-lmdb can be built
+    with LMDB 1.0, whose files differ) would have every file refused as damaged and replaced at every start: refuse
+    to open instead, with the fix."""
+    import lmdb
+    ver = lmdb.version()
+    if ver[:2] != (0, 9) or sys.byteorder != "little" or struct.calcsize("P") != 8:
+        raise OSError(f"L3 index: this py-lmdb runs LMDB {'.'.join(map(str, ver))} on a "
+                      f"{struct.calcsize('P') * 8}-bit {sys.byteorder}-endian host; the index check reads LMDB "
+                      f"0.9's file layout on 64-bit little-endian hosts only: install an lmdb wheel built with its "
+                      f"default LMDB 0.9 engine (pip install --force-reinstall 'lmdb>=3.0')")
+
+
 def _has_data(path: str) -> bool:
     try:
         return os.path.getsize(os.path.join(path, "data.mdb")) > 0
@@ -680,6 +703,7 @@ def guarded(path: str, *, check: str = "fast", on_damage: str = "salvage", map_s
         raise ValueError(f"on_damage {on_damage!r}: expected one of {ON_DAMAGE + ('refuse',)}")
     if check not in CHECK_MODES:
         raise ValueError(f"index check mode {check!r}: expected one of {CHECK_MODES}")
+    _require_known_layout()
     if not _has_data(path):  # LMDB makes a new environment: nothing to prove (a zero-length file is LMDB's "new" too)
         yield Verdict("new", "no data yet")
         return
@@ -708,7 +732,7 @@ def _check_and_repair(path: str, mode: str, on_damage: str, map_size: int, timeo
     try:
         ok, problems = check_index(path, mode, timeout)
     except OSError:
-        raise  # the file cannot be opened at all: an operational error, not damage
+        raise  # the check itself could not run: an operational error, nothing concluded about the file
     except Exception as e:  # the walkers bound every read; anything left is a finding, never a failed open
         ok, problems = False, [f"the check stopped: {type(e).__name__}: {e}"]
     t1 = time.perf_counter()
@@ -717,7 +741,7 @@ def _check_and_repair(path: str, mode: str, on_damage: str, map_size: int, timeo
             log.info("L3 index %s: checked (%s) in %.2f s: sound", path, mode, t1 - t0)
         return Verdict("verified", f"sound ({mode} check)", seconds={"check": t1 - t0})
     reason = "; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")
-    records, info = salvage_records(os.path.join(path, "data.mdb")) if on_damage != "reset" else ([], {})
+    records, info = salvage_records(os.path.join(path, "data.mdb"))  # under "reset" too: what it claimed, for the log
     t2 = time.perf_counter()
     claimed = int(info.get("claimed", 0))
     if on_damage == "refuse":

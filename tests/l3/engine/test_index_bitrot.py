@@ -450,3 +450,18 @@ def test_a_process_that_has_the_index_open_keeps_it_from_being_checked_or_replac
         ix.close()
     with index_check.guarded(str(tmp_path / "idx")) as v:  # alone now: it checks
         assert v.action == "verified"
+
+
+def test_an_lmdb_engine_of_another_file_layout_is_refused_at_open_not_taken_for_damage(tmp_path, monkeypatch):
+    """The walkers read LMDB 0.9's layout: under another engine every file would look damaged and be replaced at
+    every start. Such an engine is refused with the fix instead, and the file is left alone."""
+    import lmdb
+
+    ix, _, _ = _filled(tmp_path / "idx", 100)
+    ix.close()
+    before = (tmp_path / "idx" / "data.mdb").read_bytes()
+    monkeypatch.setattr(lmdb, "version", lambda *a: (1, 0, 0))
+    with pytest.raises(OSError, match=r"LMDB 1\.0\.0 .*LMDB 0\.9's file layout.*pip install"):
+        L3Index.open(str(tmp_path / "idx"), 2**24)
+    assert (tmp_path / "idx" / "data.mdb").read_bytes() == before
+    assert not list((tmp_path / "idx").glob("data.mdb.damaged-*"))
