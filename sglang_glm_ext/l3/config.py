@@ -84,6 +84,8 @@ __all__ = [
 ]
 
 COLD_START_MODES = ("clear", "load")
+INDEX_CHECK_MODES = ("fast", "full")  # engine/index_check.py CHECK_MODES / ON_DAMAGE (a test checks they agree)
+INDEX_ON_DAMAGE = ("salvage", "reset")
 # When SGLang's write-back (batch_set) is answered (issue 20, item 7): once the pages are in staging and the host copy
 # may be released ("write_behind": durable milliseconds later; a crash in between loses them, l3_design.md), or once
 # they are durable ("durable": fdatasync'ed and committed, nothing acknowledged is lost).
@@ -177,6 +179,14 @@ def _test_write_delay_ms() -> int:
     return ms
 
 
+def _have_lmdb_verify() -> bool:
+    import importlib.util
+    try:
+        return importlib.util.find_spec("lmdb.verify") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _read(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
@@ -196,6 +206,11 @@ class L3Config:
     index_path: str
     index_map_size: int
     num_ranks: int = 1
+    # The node's first open of the index proves the file before LMDB maps it (engine/index_check.py): "fast" (a
+    # schema-exact walk, ~1.2x a load's open) | "full" (also py-lmdb's lmdb.verify, ~1.8x); a damaged file is moved
+    # aside and replaced by "salvage" (every entry the walk can prove) | "reset" (an empty index).
+    index_check: str = "fast"
+    index_on_damage: str = "salvage"
     rank_to_disk: tuple[int, ...] = (0,)  # each rank's home disk: the first of rank_to_disks[r]
     rank_to_disks: tuple[tuple[int, ...], ...] = ()  # each rank's disks (home first); () = one each, rank_to_disk
     deployment_id: str = "default"
@@ -357,12 +372,21 @@ class L3Config:
 
         index = _get(data, "index", "index", Mapping, required=True)
         for k in index:
-            if k not in ("path", "map_size"):
-                raise L3ConfigError(f"index.{k}: unknown key (known: path, map_size)")
+            if k not in ("path", "map_size", "check", "on_damage"):
+                raise L3ConfigError(f"index.{k}: unknown key (known: path, map_size, check, on_damage)")
         index_path = _path(_get(index, "path", "index.path", str, required=True), "index.path")
         map_size = parse_size(index.get("map_size", 2**30), "index.map_size")
         if map_size < 2**20:
             raise L3ConfigError(f"index.map_size: {map_size} bytes is too small (>= 1 MiB)")
+        index_check = _get(index, "check", "index.check", str, "fast")
+        if index_check not in INDEX_CHECK_MODES:
+            raise L3ConfigError(f"index.check: unknown mode {index_check!r} (expected one of {INDEX_CHECK_MODES})")
+        if index_check == "full" and not _have_lmdb_verify():
+            raise L3ConfigError("index.check: 'full' runs py-lmdb's lmdb.verify, which this py-lmdb lacks: install "
+                                "lmdb>=3.0 (pip install -U lmdb), or use check = 'fast'")
+        on_damage = _get(index, "on_damage", "index.on_damage", str, "salvage")
+        if on_damage not in INDEX_ON_DAMAGE:
+            raise L3ConfigError(f"index.on_damage: unknown action {on_damage!r} (expected one of {INDEX_ON_DAMAGE})")
 
         gc = _get(data, "gc", "gc", Mapping, {})
         for k in gc:
@@ -419,7 +443,8 @@ class L3Config:
             raise L3ConfigError(f"payload_split: unknown rule {split!r} (expected 'equal_slots' or 'weights')")
 
         return cls(
-            disks=tuple(disks), index_path=index_path, index_map_size=map_size, num_ranks=count,
+            disks=tuple(disks), index_path=index_path, index_map_size=map_size, index_check=index_check,
+            index_on_damage=on_damage, num_ranks=count,
             rank_to_disk=r2d, rank_to_disks=r2ds, deployment_id=dep, cold_start=cold, ack=ack,
             require_plp=require_plp, plp=plp,
             direct_io=direct, gc_start=gc_start, gc_stop=gc_stop, gc_budget_per_round=gc_budget,
@@ -546,6 +571,10 @@ mode = "spread"             # MLA/DSA pages under CP / attention TP: one owner p
 [index]
 path = "{d}/index"
 map_size = "256MiB"
+check = "fast"              # the node's first open proves the index file before mapping it (bit rot must not crash
+                            # a server): "fast" (a bounded walk, ~1.2x a load's open) | "full" (also lmdb.verify, ~1.8x)
+on_damage = "salvage"       # a damaged index is moved aside (data.mdb.damaged-*) and replaced by every entry the
+                            # walk can prove | "reset" (an empty index; its pages become misses)
 
 [gc]
 start = 0.90

@@ -24,6 +24,11 @@ Invariants:
 
 LMDB's own lock file makes the environment safe for several processes (``lock=True``); write transactions are
 serialised across processes by it.
+
+No bytes in ``data.mdb`` may crash a process (issue 24, item 2): LMDB trusts every page number and offset in the file
+it maps, so a process's first open of an index runs inside :func:`index_check.guarded`, which proves the file sound
+with bounded preads before anything maps it, and moves a damaged file aside for a new index of what it can prove
+(``index.check``, ``index.on_damage``; index_check.py says how).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import lmdb
 
 from ..disk.format import HASH_BYTES, NS_DIGEST_BYTES, PayloadKind
 from ..disk.fsutil import fsync_dir, make_private_dirs
+from . import index_check
 
 log = logging.getLogger(__name__)
 
@@ -140,15 +146,27 @@ _new_entry = tuple.__new__
 
 
 class IndexDamagedError(OSError):
-    """The index files are not what LMDB's own metadata says they must be (e.g. a truncated ``data.mdb``).
+    """The index file is damaged and this open may not repair it (``on_damage = "refuse"``: fsck without
+    ``--repair``, a read-only open), or a file cut short since the first open of the node checked it.
 
-    Raised at open, before any page of the file is touched through the map: LMDB maps ``data.mdb``, and a read
-    of a page past the end of a truncated file is SIGBUS, which no caller can catch."""
+    Raised at open, before any page of the file is touched through the map: LMDB maps ``data.mdb``, and a read of a
+    page past the end of a truncated file is SIGBUS, which no caller can catch. ``findings`` is the check's
+    :class:`index_check.Damaged` (its problems, and what a salvage would keep) where the check ran."""
+
+    def __init__(self, message: str, findings: "index_check.Damaged | None" = None):
+        super().__init__(message)
+        self.findings = findings
+
+
+_REMEDY = ("stop every server on this node and start one (or run `sglang-glm-ext l3 fsck --repair`): the first "
+           "opener moves the damaged file aside and keeps every entry it can prove (the rest are misses, never wrong "
+           "bytes)")
 
 
 def _check_data_file(env: lmdb.Environment, path: str) -> None:
     """Refuse a ``data.mdb`` shorter than the pages its newest meta page says are committed.
 
+    The guard proved the file at the node's first open; this covers a file cut since, while processes had it open.
     LMDB's open reads the two meta pages with pread (a file too short for them is MDB_INVALID, an lmdb.Error);
     ``env.info()`` / ``env.stat()`` read only those meta pages. Every page a reader can reach is numbered at most
     ``last_pgno`` (LMDB never shrinks the file; a writer writes pages before the meta that names them), so a
@@ -166,9 +184,25 @@ def _check_data_file(env: lmdb.Environment, path: str) -> None:
         raise IndexDamagedError(
             f"L3 index {data} is {size} B but its last committed page (number {info['last_pgno']}, {psize} B "
             f"pages) ends at byte {need}: the file is truncated or damaged, and reading it would crash the "
-            f"process. It is the node's commit record of which slab slots hold which pages, shared by every rank, "
-            f"so it is not rebuilt behind the other ranks' backs: stop every server on this node, move {path!r} "
-            f"aside, and restart (L3 then starts cold: its pages are misses, never wrong bytes).")
+            f"process. It was cut while processes had it open, so it is not replaced under them: {_REMEDY}.")
+
+
+def _lmdb_open(path: str, map_size: int, readonly: bool, max_readers: int) -> lmdb.Environment:
+    try:
+        return lmdb.open(
+            path, map_size=map_size, subdir=True, readonly=readonly, lock=True, max_dbs=4,
+            max_readers=max_readers, mode=0o600, readahead=False, meminit=False,
+            # sync + metasync: a committed entry survives power loss (given the disk honours flushes / PLP).
+            sync=True, metasync=True, create=not readonly,
+        )
+    except lmdb.Error as e:
+        raise OSError(f"L3 index: cannot open LMDB environment at {path!r}: {e}") from e
+
+
+# TEST-ONLY: open without the guard (the open before issue 24, item 2), so the bit-rot tests and the bench can show
+# that the flips they make do break an unguarded open (their negative control) and time it as "today". Nothing else
+# may set it: an unguarded open maps a file nobody proved, and a flipped byte in it can kill the process.
+_UNGUARDED_FOR_TESTS = False
 
 
 class Refusal(NamedTuple):
@@ -254,7 +288,8 @@ _ENVS_LOCK = threading.Lock()
 class L3Index:
     """LMDB environment + one named database. Thread-safe: read txns per call, write txns serialised by LMDB."""
 
-    def __init__(self, env: lmdb.Environment, path: str, map_size: int, readonly: bool):
+    def __init__(self, env: lmdb.Environment, path: str, map_size: int, readonly: bool,
+                 verdict: "index_check.Verdict | None" = None):
         self.env = env
         self.path = path
         self.map_size = map_size
@@ -265,33 +300,47 @@ class L3Index:
         self.last_refusal: Refusal | None = None  # why the last refused write transaction did not commit
         self.damage_seen = 0  # scans that found keys out of order or malformed values (monotonic)
         self.stale_readers_cleared = 0  # reader slots of dead processes this handle cleared (monotonic)
+        # What the guard found and did at this process's first open of the path (shared by every handle of it;
+        # None only for a test's unguarded open).
+        self.verdict = verdict
 
     @classmethod
-    def open(cls, path: str, map_size: int, *, readonly: bool = False, max_readers: int = 1024) -> "L3Index":
+    def open(cls, path: str, map_size: int, *, readonly: bool = False, max_readers: int = 1024,
+             check: str = "fast", on_damage: str = "salvage") -> "L3Index":
         """Open the index environment at ``path``: missing directories are created 0700, the files LMDB creates are
         0600 (LMDB's ``mode``); nothing that exists is re-permissioned. Errors are loud (OSError /
-        lmdb.Error with the path): they happen at store open, never on the data path."""
+        lmdb.Error with the path): they happen at store open, never on the data path.
+
+        This process's first open of ``path`` runs inside :func:`index_check.guarded`: the node's first opener proves
+        the file with ``check`` ("fast" | "full") before LMDB maps it, and a damaged file is moved aside and
+        replaced (``on_damage``: "salvage" keeps what can be proven, "reset" nothing; "refuse", and every read-only
+        open, changes nothing and raises :class:`IndexDamagedError` with the findings). Later opens in the process
+        share its environment (LMDB allows one per file per process) and its verdict."""
         path = os.path.abspath(path)
         with _ENVS_LOCK:
             shared = _ENVS.get(path)
             if shared is not None:
                 _check_data_file(shared[0], path)  # cheap (one stat): a file cut since the first open is refused too
                 shared[1] += 1
-                ix = cls(shared[0], path, map_size, readonly)
+                ix = cls(shared[0], path, map_size, readonly, shared[2])
                 ix.reader_check()
                 return ix
             if not readonly:
                 # Missing directories owner-only; an existing index.path keeps the mode its operator gave it.
                 make_private_dirs(path)
-            try:
-                env = lmdb.open(
-                    path, map_size=map_size, subdir=True, readonly=readonly, lock=True, max_dbs=4,
-                    max_readers=max_readers, mode=0o600, readahead=False, meminit=False,
-                    # sync + metasync: a committed entry survives power loss (given the disk honours flushes / PLP).
-                    sync=True, metasync=True, create=not readonly,
-                )
-            except lmdb.Error as e:
-                raise OSError(f"L3 index: cannot open LMDB environment at {path!r}: {e}") from e
+            verdict = None
+            if _UNGUARDED_FOR_TESTS:
+                env = _lmdb_open(path, map_size, readonly, max_readers)
+            else:
+                try:
+                    with index_check.guarded(path, check=check, on_damage="refuse" if readonly else on_damage,
+                                             map_size=map_size, log=log) as verdict:
+                        env = _lmdb_open(path, map_size, readonly, max_readers)
+                except index_check.Damaged as e:
+                    raise IndexDamagedError(
+                        f"L3 index {os.path.join(path, 'data.mdb')} is damaged ({e.reason}); it was left as it is "
+                        f"(a salvage would keep {len(e.records)} of the {e.claimed} entries it claims). To repair "
+                        f"it, {_REMEDY}.", e) from None
             try:
                 _check_data_file(env, path)
                 if not readonly:
@@ -299,8 +348,8 @@ class L3Index:
             except BaseException:
                 env.close()
                 raise
-            _ENVS[path] = [env, 1]
-            ix = cls(env, path, map_size, readonly)
+            _ENVS[path] = [env, 1, verdict]
+            ix = cls(env, path, map_size, readonly, verdict)
         ix.reader_check()
         return ix
 
@@ -371,8 +420,9 @@ class L3Index:
                 items.append((k, e))
         if damaged or malformed:
             self.damage_seen += 1
-            log.warning("L3 index %s: range %s has %d key(s) out of order and %d malformed value(s) (a damaged "
-                        "page); scanned by a full walk. fsck reports it; the remedy is moving the index aside.",
+            log.warning("L3 index %s: range %s has %d key(s) out of order and %d malformed value(s) (a page damaged "
+                        "since this node's first open checked the file); scanned by a full walk. To repair it, stop "
+                        "the node's servers and start one, or run fsck --repair.",
                         self.path, prefix[:8].hex(), damaged, malformed)
         return ScanResult(items, damaged, malformed, full)
 

@@ -178,7 +178,8 @@ class SharedStore:
             for kind, pb in kinds.items():
                 self._kinds[kind] = self._open_kind(kind, pb, slot_bytes[kind],
                                                     {d: n[kind.label] for d, n in nslots.items()}, prior_meta)
-            self.index = L3Index.open(config.index_path, config.index_map_size)
+            self.index = L3Index.open(config.index_path, config.index_map_size, check=config.index_check,
+                                      on_damage=config.index_on_damage)
         except Exception as e:
             self._close_files()
             if isinstance(e, (L3StoreError, L3ConfigError)):
@@ -598,6 +599,15 @@ class SharedStore:
         out["index_write_errors"] = self.index.write_errors if self.index else 0
         out["index_stale_readers_cleared"] = self.index.stale_readers_cleared if self.index else 0
         out["index_damage_seen"] = self.index.damage_seen if self.index else 0
+        # The guard's verdict at this process's first open of the index (engine/index_check.py): "verified", "new",
+        # "in_use" (another process of the node opened it first), "salvaged" or "reset" (it was damaged: moved
+        # aside to index_moved_to, the new index keeps index_salvage_kept of the index_salvage_claimed entries).
+        v = self.index.verdict if self.index else None
+        out["index_check"] = v.action if v else None
+        out["index_repaired"] = int(bool(v and v.repaired))
+        out["index_salvage_kept"] = v.kept if v and v.repaired else None
+        out["index_salvage_claimed"] = v.claimed if v and v.repaired else None
+        out["index_moved_to"] = v.moved_to if v and v.repaired else None
         return out
 
     def close(self, timeout: float = 30.0) -> None:

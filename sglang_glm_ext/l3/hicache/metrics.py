@@ -118,6 +118,9 @@ METRICS: tuple[MetricSpec, ...] = (
        "(index commits); 0 once it works again. Each change is logged once (and at most once a minute while it "
        "lasts).", ("path",)),
     _c("index_stale_readers_cleared", "LMDB reader slots of dead processes cleared by this store."),
+    _g("index_repaired", "1 when this process's open found the node's index file damaged (bit rot, a torn or "
+       "truncated file) and replaced it: the damaged file moved aside, a new index of every entry that could be "
+       "proven (index.on_damage); the error log line says where it went and how many entries were kept."),
     _c("reload_bad_destination", "Reload pages refused before any I/O: the destination cannot take the page in place."),
     _c("data_path_errors", "Unexpected exceptions in the store's data path, turned into misses or dropped writes."),
     _c("backend_rejected", "Pages or transfers the HiCache backend refused before the store: bad_indices (pages), "
@@ -175,6 +178,7 @@ def store_samples(st: Mapping) -> list[Sample]:
         for path in ("slab", "index"):
             put("write_path_failing", int(path in failing), path=path)
     put("index_errors", st.get("index_damage_seen"), "counter", reason="damage")
+    put("index_repaired", st.get("index_repaired"))
     return out
 
 

@@ -20,9 +20,13 @@ Categories (counted per slab and in total):
 * old_version_slabs  slabs whose sidecar says an earlier format (the previous owner was a v1 build): a
                   ``load`` cold start keeps none of their entries; not corruption (the exit code ignores it)
 * empty           never-written slots
-* damaged_index   keys found out of sorted order, or values that are not entries, in the deployment's range (a
-                  damaged LMDB page). Every entry is still checked (the scan walks past damage); the page itself
-                  cannot be repaired here: stop the node's servers and move the index aside (L3 starts cold)
+* damaged_index   the index file itself is damaged (bit rot, a torn or truncated file). With no server of the node
+                  running, fsck proves the file as a server's first open does (engine/index_check.py,
+                  ``index.check``) before mapping it: a damaged file is reported with the check's findings and what
+                  a salvage would keep, and those entries are still checked against the slabs (read with pread,
+                  never mapped); nothing is changed. With servers running, the first of them proved the file; a
+                  page damaged since shows as keys out of order or values that are not entries in the deployment's
+                  range, every entry still checked (the scan walks past damage)
 
 Kinds are named (target_kv, index_k, draft_kv, draft_index_k). The report lists every deployment the index holds
 (``deployments``); a config whose deployment has no entries and no slabs while the index holds others is a
@@ -36,13 +40,17 @@ config error (a ``deployment_id`` typo), not "clean".
   owner, when its GC reaches them (its conditional delete finds the entry gone and frees the slot);
 * it restores a truncated slab's size (``ftruncate`` back to what its sidecar says; the regained slots read as
   empty), only under the slab's own lock: a slab a live server holds is left to it (its next open restores the
-  size), and the result says so.
+  size), and the result says so;
+* a damaged index file (damaged_index) is repaired as a server's start would (``index.on_damage``): moved aside
+  (``data.mdb.damaged-<utc>-<pid>``) and replaced by an index of every entry that can be proven. Only where no
+  process of the node has the index open (LMDB's own lock says so): with servers running it is left to them (stop
+  them, then run --repair or start one).
 
 Nothing else is written: no blob, no sidecar. Unreferenced blobs (orphan_slot) need nothing: they are free.
 
 Exit status (``fsck_main``, as e2fsck's, see exit_codes.py): 0 clean; 1 errors found and all repaired; 4 errors left
-(no --repair, a slab a live server holds, a damaged index page); 8 operational error (the index or a slab cannot be
-opened or read); 16 usage or config error (including a deployment_id that names nothing while the index holds
+(no --repair, a slab a live server holds, a damaged index file with no --repair or with servers running); 8
+operational error (the index or a slab cannot be opened or read); 16 usage or config error (including a deployment_id that names nothing while the index holds
 other deployments).
 """
 
@@ -62,10 +70,11 @@ from ..disk.aligned import AlignedBuffer
 from ..config import L3Config, L3ConfigError
 from ..disk.format import (FORMAT_VERSION, OLD_FORMAT_VERSIONS, BlobCheck, PayloadKind, check_header, parse_header_reason, slot_header_reason, verify_blob_reason)
 from ..engine.index import IndexDamagedError, IndexEntry, L3Index, ScanResult, deployment_tag, split_key
+from ..engine.index_check import Damaged
 from ..disk.slab_dir import kind_slabs, read_slab_meta
 from ..disk.slab_reader import SlabReader
 from . import exit_codes
-from .ls import SlabInfo, census, deployment_names, kind_name, slab_info
+from .ls import SlabInfo, census, census_records, deployment_names, kind_name, slab_info
 
 __all__ = ["FsckReport", "fsck", "fsck_main"]
 
@@ -95,7 +104,15 @@ class FsckReport:
     # Every deployment the index holds: {"name" (None: nothing on this node names it), "tag", "entries"}.
     deployments: list = field(default_factory=list)
     deployment_missing: bool = False  # this deployment has no entries and no slabs while the index holds others
+    # The index file's check at this open (engine/index_check.py): {"action": "verified" | "new" | "in_use" (a live
+    # server opened it first) | "damaged" (left as it is) | "salvaged" | "reset", "problems", "kept" (salvaged) or
+    # "salvageable" (damaged), "claimed", "moved_to"}; {} without an index.
+    index_check: dict = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+
+    @property
+    def index_repaired(self) -> bool:
+        return self.index_check.get("action") in ("salvaged", "reset")
 
     @property
     def needs_repair(self) -> int:
@@ -118,7 +135,7 @@ class FsckReport:
             return exit_codes.USAGE
         if self.errors_left:
             return exit_codes.LEFT
-        if self.needs_repair or self.truncated_slabs:
+        if self.needs_repair or self.truncated_slabs or self.index_repaired:
             return exit_codes.REPAIRED  # errors were found and errors_left is 0: --repair mended them all
         return exit_codes.CLEAN
 
@@ -131,6 +148,8 @@ class FsckReport:
         if code == exit_codes.LEFT:
             if self.repair:
                 return "ERRORS LEFT after --repair (see above)"
+            if self.index_check.get("action") == "damaged":
+                return "ERRORS FOUND (stop this node's servers and run with --repair)"
             return "ERRORS FOUND (run with --repair; safe next to live servers)"
         return {exit_codes.REPAIRED: "errors found and repaired", exit_codes.CLEAN: "clean"}[code]
 
@@ -151,8 +170,9 @@ class FsckReport:
         if self.repair:
             restored = sum(1 for t in self.truncated_slabs if t["restored"])
             lines.append(f"  repaired: {self.repaired} index entries deleted ({self.repaired_errors} errors, "
-                         f"{self.repaired - self.repaired_errors} old-format), {restored} slab size(s) restored; "
-                         f"no blob or sidecar written")
+                         f"{self.repaired - self.repaired_errors} old-format), {restored} slab size(s) restored"
+                         + (f", the index file replaced ({self.index_check['action']})" if self.index_repaired else "")
+                         + "; no blob or sidecar written")
         lines += [f"  - {p}" for p in self.problems]
         lines.append(f"  result: {self.result}")
         return "\n".join(lines)
@@ -252,19 +272,54 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
     slab_lines: list[str] = []  # one line per slab-wide finding, shown before the per-slot lines
     dep = deployment_tag(config.deployment_id)
     idx = None
+    damage: "Damaged | None" = None  # the check's findings on a damaged index file left as it is
     if os.path.exists(os.path.join(config.index_path, "data.mdb")):
-        idx = L3Index.open(config.index_path, config.index_map_size)
+        try:
+            # Proven before it is mapped, as a server's first open does; only --repair may replace it.
+            idx = L3Index.open(config.index_path, config.index_map_size, check=config.index_check,
+                               on_damage=config.index_on_damage if repair else "refuse")
+        except IndexDamagedError as e:
+            if e.findings is None:  # cut short under live servers: nothing here can read it safely
+                raise
+            damage = e.findings
     else:  # never created here: fsck does not create one (a wrong index.path would otherwise look clean)
         slab_lines.append(f"no index at {config.index_path}: nothing was ever committed with this config (no server "
                           f"has opened it, or index.path is wrong)")
     try:
-        scan = idx.scan(dep) if idx is not None else ScanResult([], 0, 0, False)
+        if damage is not None:
+            rep.damaged_index = max(1, len(damage.problems))
+            rep.index_check = {"action": "damaged", "problems": damage.problems, "salvageable": len(damage.records),
+                               "claimed": damage.claimed, "moved_to": ""}
+            slab_lines.append(
+                f"index {config.index_path}/data.mdb is DAMAGED: {damage.reason}. Left as it is (not mapped: a "
+                f"server's first open, or --repair with this node's servers stopped, moves it aside and keeps the "
+                f"{len(damage.records)} of its {damage.claimed} claimed entries that can be proven). Those entries "
+                f"were checked below")
+            mine = [(k, e) for k, e in ((k, IndexEntry.decode(v)) for k, v in damage.records if k.startswith(dep))
+                    if e is not None]
+            scan = ScanResult(mine, 0, 0, False)
+        else:
+            scan = idx.scan(dep) if idx is not None else ScanResult([], 0, 0, False)
+        v = idx.verdict if idx is not None else None
+        if v is not None:
+            rep.index_check = {"action": v.action, "problems": v.problems, "kept": v.kept, "claimed": v.claimed,
+                               "moved_to": v.moved_to}
+            if v.repaired:
+                slab_lines.append(
+                    f"index {config.index_path}/data.mdb was DAMAGED ({v.reason}); repaired: moved to {v.moved_to}, "
+                    f"the new index keeps {v.kept} of the {v.claimed} entries it claimed (index.on_damage = "
+                    f"{config.index_on_damage}; the rest are misses, never wrong bytes)")
         if scan.damaged or scan.malformed:
             rep.damaged_index = scan.damaged + scan.malformed
             slab_lines.append(
                 f"index {config.index_path}: {scan.damaged} key(s) out of order and {scan.malformed} malformed "
-                f"value(s) (a damaged LMDB page); every entry was still checked. Lookups in the damaged page may "
-                f"miss; stop this node's servers and move the index aside to rebuild it cold")
+                f"value(s) (a page damaged while this node's servers ran); every entry was still checked. Lookups in "
+                f"the damaged page may miss; stop this node's servers and run fsck --repair (or start one)")
+        aside = sorted(n for n in _listdir(config.index_path) if n.startswith("data.mdb.damaged-"))
+        if aside:
+            slab_lines.append(f"index directory {config.index_path} keeps {len(aside)} damaged index file(s) moved "
+                              f"aside by a repair ({', '.join(aside[:3])}{' ...' if len(aside) > 3 else ''}): not "
+                              f"used; delete them once inspected")
         slabs = _Slabs(config)
         # Which slab an entry names: a kind has one slab per slot size (slab_dir.py); with several, the namespace of
         # the entry's key picks the one whose sidecar lists it (what the owner's cold start does, KindState.slab_of).
@@ -436,7 +491,7 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
             rep.truncated_slabs.append(rec)
 
         # Every deployment the index holds: a deployment_id typo reads as "nothing here" otherwise.
-        cen = census(idx) if idx is not None else None
+        cen = census(idx) if idx is not None else (census_records(damage.records) if damage is not None else None)
         names = deployment_names(config.index_path, [d.path for d in config.disks], also=[config.deployment_id])
         rep.deployments = [{"name": names.get(tag), "tag": tag.hex(), "entries": n}
                            for tag, n in sorted((cen.by_deployment() if cen else {}).items(), key=lambda t: -t[1])]
@@ -455,6 +510,13 @@ def fsck(config: L3Config, *, repair: bool = False, headers_only: bool = False, 
     return rep
 
 
+def _listdir(path: str) -> "list[str]":
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = parser or argparse.ArgumentParser(prog="sglang-glm-ext l3 fsck", description=__doc__.split("\n")[0],
                                           epilog=exit_codes.EPILOG)
@@ -462,7 +524,9 @@ def build_arg_parser(parser: argparse.ArgumentParser | None = None) -> argparse.
     p.add_argument("--repair", action="store_true",
                    help="delete the index entries of corrupt, orphaned, past-the-end and old-format pages (only the "
                         "very entries judged) and restore truncated slabs' size where no server holds them; safe "
-                        "next to live servers; no blob is written")
+                        "next to live servers; no blob is written. A damaged index file is moved aside and "
+                        "replaced by the entries that can be proven (index.on_damage), only while no server of the "
+                        "node has it open")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--headers-only", action="store_true", help="skip payload checksums (fast; finds no bit rot)")
     return p
@@ -476,7 +540,7 @@ def run_args(args: argparse.Namespace) -> int:
         return exit_codes.USAGE
     try:
         rep = fsck(cfg, repair=args.repair, headers_only=args.headers_only)
-    except IndexDamagedError as e:  # the index file itself is cut short: an error fsck cannot repair
+    except IndexDamagedError as e:  # cut short while servers have it open: left to them (stop them, then --repair)
         print(f"l3 fsck: {e}", file=sys.stderr)
         return exit_codes.LEFT
     except (OSError, lmdb.Error) as e:

@@ -130,19 +130,25 @@ def census(idx: L3Index) -> Census:
     """One read transaction over the whole index, walked by cursor (page order: a damaged key hides nothing).
     The walk counts raw (key prefix, value head) pairs and decodes each group once: it costs a few microseconds
     per entry, next to which fsck's blob reads are everything."""
+    with idx.env.begin(db=idx.db, buffers=False) as txn:
+        return census_records(txn.cursor().iternext(keys=True, values=True))
+
+
+def census_records(records) -> Census:
+    """The census of (key, value) records in key order: an index's cursor walk, or what a salvage of a damaged
+    index file would keep (fsck, engine/index_check.py)."""
     raw: collections.Counter = collections.Counter()
     damaged = malformed = 0
     prev = None
     head = 4  # a value starts with rank (u16) and disk (u16) (index.py's layout; the tests check what comes out)
-    with idx.env.begin(db=idx.db, buffers=False) as txn:
-        for k, v in txn.cursor().iternext(keys=True, values=True):
-            if prev is not None and k <= prev:
-                damaged += 1
-            prev = k
-            if len(k) != KEY_LEN or len(v) != VALUE_LEN:
-                malformed += 1
-                continue
-            raw[(k[:-HASH_BYTES], v[:head])] += 1
+    for k, v in records:
+        if prev is not None and k <= prev:
+            damaged += 1
+        prev = k
+        if len(k) != KEY_LEN or len(v) != VALUE_LEN:
+            malformed += 1
+            continue
+        raw[(k[:-HASH_BYTES], v[:head])] += 1
     groups: collections.Counter = collections.Counter()
     for (prefix, rank_disk), n in raw.items():
         key = split_key(prefix + bytes(HASH_BYTES))

@@ -119,8 +119,12 @@ def test_sizing_bytes_per_entry(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Issue 7, item 4: a truncated data.mdb is a clear error at open, never SIGBUS. Run in a subprocess, so a signal
-# shows as a failed test instead of a dead pytest.
+# Issue 7, item 4, and issue 24, item 2: a truncated data.mdb never kills the process that opens it (LMDB maps the
+# file: a page past EOF is SIGBUS). Before issue 24 the open refused it; now the node's first open proves the file
+# before mapping it, and a damaged one is moved aside and replaced by what can be proven (engine/index_check.py; a
+# read-only open still refuses and changes nothing). Run in a subprocess, so a signal shows as a failed test
+# instead of a dead pytest.
+import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
@@ -128,10 +132,10 @@ import textwrap  # noqa: E402
 REPO = str(l3kit.REPO)
 
 _TRUNC_CHILD = textwrap.dedent("""
-    import sys
+    import json, sys
     which, path = sys.argv[1], sys.argv[2]
     if which == "index":
-        from sglang_glm_ext.l3.engine.index import L3Index
+        from sglang_glm_ext.l3.engine.index import IndexDamagedError, L3Index
         try:
             ix = L3Index.open(path, 2**24)
         except OSError as e:
@@ -141,6 +145,19 @@ _TRUNC_CHILD = textwrap.dedent("""
         n = len(list(ix.iter_prefix(b"")))
         ix.get_many([bytes(57)] * 10)
         print("OPENED", n, flush=True)
+    elif which == "index_ro_then_rw":
+        from sglang_glm_ext.l3.engine.index import IndexDamagedError, L3Index
+        try:
+            L3Index.open(path, 2**24, readonly=True).close()
+            print("RO_OPENED", flush=True)
+        except IndexDamagedError as e:
+            print("RO_REFUSED", len(e.findings.records) if e.findings else None, flush=True)
+        ix = L3Index.open(path, 2**24)
+        items = [(k.hex(), e.slot) for k, e in ix.scan(b"").items]
+        ix.get_many([bytes(57)] * 10)
+        v = ix.verdict
+        print("OPENED", json.dumps({"action": v.action, "kept": v.kept, "moved_to": v.moved_to, "items": items}),
+              flush=True)
     else:
         from sglang_glm_ext.l3.config import L3Config
         from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind
@@ -152,7 +169,9 @@ _TRUNC_CHILD = textwrap.dedent("""
         except L3StoreError as e:
             print("REFUSED", type(e).__name__, e, flush=True)
             sys.exit(0)
-        print("OPENED", s.exists(PayloadKind.TARGET_KV, ["00" * 32]), flush=True)
+        st = s.stats()
+        print("OPENED", s.exists(PayloadKind.TARGET_KV, ["00" * 32]), st["index_check"], st["index_repaired"],
+              st["index_salvage_kept"], st["index_moved_to"], flush=True)
         s.close()
 """)
 
@@ -174,31 +193,56 @@ def _run_child(tmp_path, which, target):
                           env=env, timeout=60)
 
 
-def _assert_refused(res):
+def _assert_alive(res):
     assert res.returncode == 0, f"child died with {res.returncode} (SIGBUS is -7): {res.stderr[-2000:]}"
-    assert res.stdout.startswith("REFUSED"), res.stdout
-    assert "data.mdb" in res.stdout and "truncated" in res.stdout
 
 
-def test_a_truncated_index_is_refused_at_store_open_not_a_sigbus(tmp_path):
+def test_a_truncated_index_never_kills_the_store_open_it_is_moved_aside_and_what_is_proven_is_kept(tmp_path):
+    """Was: refused at store open (no L3 for the node until an operator moved the file). Now the store opens: the cut
+    file is kept aside for the operator, byte for byte, and the new index holds exactly what the salvage proves of
+    it (a cut loses the newest pages, the committed trees' roots and free list, so here nothing is provable: a freed
+    leaf in what remains could hold deleted entries, and none is trusted)."""
+    from sglang_glm_ext.l3.engine import index_check
+
     size = _fill_index(tmp_path / "index")
     os.truncate(tmp_path / "index" / "data.mdb", size // 2)
     cfg = tmp_path / "l3.toml"
     cfg.write_text(f'deployment_id = "t"\n[[disks]]\npath = "{tmp_path}/disk"\nbudget = "1MiB"\n'
                    f'[index]\npath = "{tmp_path}/index"\nmap_size = "16MiB"\n')
-    _assert_refused(_run_child(tmp_path, "store", cfg))
+    res = _run_child(tmp_path, "store", cfg)
+    _assert_alive(res)
+    out = res.stdout.split()
+    assert out[:4] == ["OPENED", "0", "salvaged", "1"], res.stdout + res.stderr[-2000:]
+    kept, moved = int(out[4]), out[5]
+    assert os.path.dirname(moved) == str(tmp_path / "index") and os.path.basename(moved).startswith("data.mdb.damaged-")
+    assert os.path.getsize(moved) == size // 2  # the damaged file itself, untouched
+    assert kept == len(index_check.salvage_records(moved)[0])
+    assert "was damaged" in res.stderr and moved in res.stderr  # the one error line an operator sees
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cut", ["half", "two_pages_and_a_bit", "one_page_and_a_bit", "all_but_one_page"])
-def test_every_truncation_of_the_index_is_refused_or_empty_never_a_signal(tmp_path, cut):
+def test_every_truncation_of_the_index_is_moved_aside_never_a_signal_and_keeps_only_proven_entries(tmp_path, cut):
+    """Every cut, from inside the metas to the last page: a read-only open (doctor, ls) refuses it and changes
+    nothing; the read-write open never dies, moves it aside, and keeps exactly what the salvage proves -- entries
+    the file really held, never one it did not."""
+    from sglang_glm_ext.l3.engine import index_check
+
     size = _fill_index(tmp_path / "index")
     new = {"half": size // 2, "two_pages_and_a_bit": 2 * 4096 + 100, "one_page_and_a_bit": 4096 + 1904,
            "all_but_one_page": size - 4096}[cut]
     os.truncate(tmp_path / "index" / "data.mdb", new)
-    res = _run_child(tmp_path, "index", tmp_path / "index")
-    assert res.returncode == 0, f"child died with {res.returncode} (SIGBUS is -7): {res.stderr[-2000:]}"
-    assert res.stdout.startswith("REFUSED"), res.stdout
+    res = _run_child(tmp_path, "index_ro_then_rw", tmp_path / "index")
+    _assert_alive(res)
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("RO_REFUSED"), res.stdout + res.stderr[-2000:]
+    assert lines[1].startswith("OPENED "), res.stdout
+    got = json.loads(lines[1][len("OPENED "):])
+    assert got["action"] == "salvaged" and os.path.getsize(got["moved_to"]) == new
+    proven = {k.hex(): IndexEntry.unpack(v).slot for k, v in index_check.salvage_records(got["moved_to"])[0]}
+    assert dict((k, slot) for k, slot in got["items"]) == proven and got["kept"] == len(proven)
+    original = {make_key(deployment_tag("t"), NS_A, 1, _h(i)).hex(): i for i in range(20000)}
+    assert all(original.get(k) == slot for k, slot in proven.items())
 
 
 def test_an_intact_index_still_opens_and_an_empty_file_is_a_new_index(tmp_path):
@@ -252,7 +296,14 @@ def _populate(index_dir, n=300):
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 @pytest.mark.parametrize("damage", ["tag_up", "tag_down", "hash"])
-def test_a_damaged_key_never_ends_a_prefix_scan(tmp_path, where, damage):
+def test_a_damaged_key_never_ends_a_prefix_scan(tmp_path, where, damage, monkeypatch):
+    """The scan's own damage tolerance: the second line, for a page damaged while the node's processes have the
+    index open (the guard proves the file at the node's first open only). Opened here without the guard
+    (test-only), so the damage reaches the scan as it would then."""
+    import shutil
+
+    from sglang_glm_ext.l3.engine import index as index_mod
+
     mine = _populate(tmp_path / "idx")
     ordered = sorted(mine)
     victim = ordered[{"first": 0, "middle": len(ordered) // 2, "last": -1}[where]]
@@ -260,9 +311,11 @@ def test_a_damaged_key_never_ends_a_prefix_scan(tmp_path, where, damage):
     if victim[pos] == byte:
         byte ^= 0x01
     damaged = _damage_key(tmp_path / "idx", victim, pos, byte)
+    shutil.copytree(tmp_path / "idx", tmp_path / "guarded")
+    tag = deployment_tag("d")
+    monkeypatch.setattr(index_mod, "_UNGUARDED_FOR_TESTS", True)
     ix = L3Index.open(str(tmp_path / "idx"), 2**24)
     try:
-        tag = deployment_tag("d")
         want = {k: e for k, e in mine.items() if k != victim}
         if damaged.startswith(tag):
             want[damaged] = mine[victim]  # still inside the range: reported, under its damaged key
@@ -281,6 +334,27 @@ def test_a_damaged_key_never_ends_a_prefix_scan(tmp_path, where, damage):
         assert {k for k, e in want.items() if e.rank == 1} <= set(left)
         assert sum(1 for k in left if k.startswith(deployment_tag("a"))) == 300
         assert sum(1 for k in left if k.startswith(deployment_tag("z"))) == 300
+    finally:
+        ix.close()
+    monkeypatch.setattr(index_mod, "_UNGUARDED_FOR_TESTS", False)
+    # The node's first open (the guard): a file the check refuses is moved aside, and what the salvage proves is
+    # kept -- every undamaged entry of every deployment; the damaged one is dropped (it broke its leaf's order or
+    # its parent's bounds), or kept, under its damaged key, only where the file proved sound as it is.
+    ix = L3Index.open(str(tmp_path / "guarded"), 2**24)
+    try:
+        records = dict(_raw_keys(ix))
+        assert list(records) == sorted(records)  # whatever survived, the index is a sound B-tree again
+        aside = list((tmp_path / "guarded").glob("data.mdb.damaged-*"))
+        assert (ix.verdict.action == "salvaged") == bool(aside) and ix.verdict.action in ("salvaged", "verified")
+        ours = {k: IndexEntry.unpack(v) for k, v in records.items() if k.startswith(tag)}
+        assert {k: e for k, e in ours.items() if k != damaged} == {k: e for k, e in mine.items() if k != victim}
+        if damaged in records:
+            assert IndexEntry.unpack(records[damaged]) == mine[victim]
+        others = {k for k in records if k.startswith((deployment_tag("a"), deployment_tag("z")))}
+        assert len(others) == 600 and set(records) - set(ours) - others <= {damaged}
+        # The salvage drops it wherever it broke an order or a bound; where the flip kept its place (the first key
+        # lowered, the last key's hash byte raised) the file is sound as it is and it is kept.
+        assert (damaged in records) == (ix.verdict.action == "verified")
     finally:
         ix.close()
 

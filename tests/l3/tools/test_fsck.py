@@ -154,25 +154,85 @@ def test_cli_subcommands(tmp_path, capsys):
     assert args.size_gb == 0.01 and args.repeats == 3 and args.page_bytes == [3274752, 2**20]
 
 
-def test_a_damaged_index_page_is_reported_and_every_entry_still_checked(tmp_path):
-    """Issue 7, item 5: fsck walks past a damaged key, checks every entry after it, and says the index is damaged."""
+def _flip_key(data, victim):
     import re
 
-    cfg, path, s, slots = setup(tmp_path, n=12)
-    ours = sorted(k for k, _ in s.index.iter_prefix(s.dep))
-    victim = ours[len(ours) // 2]
-    s.close()
-    data = tmp_path / "index" / "data.mdb"
     raw = data.read_bytes()
     with open(data, "r+b") as f:
         for m in re.finditer(re.escape(victim), raw):
             f.seek(m.start())
             f.write(bytes([raw[m.start()] ^ 0xFF]))
+
+
+_SERVER = """
+import sys
+from sglang_glm_ext.l3.engine.index import L3Index
+ix = L3Index.open(sys.argv[1], 2**24)
+print(ix.verdict.action, flush=True)
+sys.stdin.read()  # holds the index open until the test closes stdin
+"""
+
+
+def test_a_damaged_index_page_under_a_live_server_is_reported_and_every_entry_still_checked(tmp_path):
+    """Issue 7, item 5: with a server running (its open proved the file; the page rotted since), fsck walks past the
+    damaged key, checks every entry after it, and says the index is damaged; --repair cannot replace a file a
+    server has mapped (LMDB's lock says one has), so the error stays and nothing is moved."""
+    import pathlib
+    import subprocess
+    import sys
+
+    cfg, path, s, slots = setup(tmp_path, n=12)
+    ours = sorted(k for k, _ in s.index.iter_prefix(s.dep))
+    s.close()
+    repo = str(pathlib.Path(__file__).resolve().parents[3])
+    env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    server = subprocess.Popen([sys.executable, "-c", _SERVER, cfg.index_path], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert server.stdout.readline().strip() == "verified"
+        _flip_key(tmp_path / "index" / "data.mdb", ours[len(ours) // 2])
+        rep = fsck(cfg)
+        assert rep.index_check["action"] == "in_use"
+        assert rep.live == 11  # all but the damaged key, which is no longer this deployment's
+        assert rep.damaged_index >= 1 and rep.exit_code == 4
+        assert any("out of order" in p for p in rep.problems)
+        rep = fsck(cfg, repair=True)
+        assert rep.exit_code == 4 and rep.index_check["action"] == "in_use"
+        assert not list((tmp_path / "index").glob("data.mdb.damaged-*"))
+    finally:
+        server.stdin.close()
+        server.wait(30)
+
+
+def test_a_damaged_index_file_is_refused_reported_with_what_a_salvage_keeps_and_repaired_by_repair(tmp_path, capsys):
+    """Issue 24, item 2: with the node's servers stopped fsck proves the file before mapping it, as a server's first
+    open does. Without --repair it changes nothing: damaged_index with the check's findings and what a salvage would
+    keep, whose entries are still checked against the slabs (read with pread); exit 4. --repair moves the file aside
+    and keeps what is proven (exit 1); then the store is clean."""
+    cfg, path, s, slots = setup(tmp_path, n=12)
+    victim = sorted(k for k, _ in s.index.iter_prefix(s.dep))[6]
+    s.close()
+    data = tmp_path / "index" / "data.mdb"
+    _flip_key(data, victim)
+    before = data.read_bytes()
     rep = fsck(cfg)
-    assert rep.live == 11  # all but the damaged key, which is no longer this deployment's
-    assert rep.damaged_index >= 1 and rep.exit_code == 4
-    assert any("out of order" in p for p in rep.problems)
-    assert fsck(cfg, repair=True).exit_code == 4  # repair drops entries; it cannot re-sort an LMDB page
+    assert rep.exit_code == 4 and rep.damaged_index >= 1 and data.read_bytes() == before
+    assert rep.index_check["action"] == "damaged" and rep.index_check["problems"]
+    assert (rep.index_check["salvageable"], rep.index_check["claimed"]) == (11, 12)
+    assert rep.live == 11 and rep.orphan_slot == 1  # the dropped entry's blob is intact: its slot is free
+    assert any("DAMAGED" in p and "11 of its 12" in p for p in rep.problems)
+    assert fsck_main([path]) == 4
+    out = capsys.readouterr().out
+    assert "stop this node's servers and run with --repair" in out and "Traceback" not in out
+    assert not list((tmp_path / "index").glob("data.mdb.damaged-*"))
+
+    rep = fsck(cfg, repair=True)
+    assert rep.exit_code == 1 and rep.index_check["action"] == "salvaged" and rep.index_check["kept"] == 11
+    (aside,) = (tmp_path / "index").glob("data.mdb.damaged-*")
+    assert aside.read_bytes() == before and rep.index_check["moved_to"] == str(aside)
+    assert rep.live == 11 and rep.damaged_index == 0
+    assert fsck_main([path]) == 0  # the new index is sound; the file aside is mentioned, not an error
+    assert "delete them once inspected" in capsys.readouterr().out
 
 
 # ---- truncated slabs (issue 24): expected vs actual size, slots lost, the entries past the end ----
@@ -332,12 +392,19 @@ def test_exit_codes_tell_config_io_and_damage_apart(tmp_path, capsys):
     assert err.count("\n") == 2 and "Traceback" not in err
     data = tmp_path / "index" / "data.mdb"
     raw = data.read_bytes()
-    data.write_bytes(raw[:4096 * 2])  # cut short: LMDB's metadata names pages past the end (IndexDamagedError)
+    data.write_bytes(raw[:4096 * 2])  # cut short: the committed meta names pages past the end
     assert fsck_main([path]) == 4
-    data.write_bytes(b"\0" * len(raw))  # no LMDB file at all: the index cannot be opened
+    assert "past the end of the file" in capsys.readouterr().out
+    data.write_bytes(b"\0" * len(raw))  # no LMDB file at all: damage too (--repair would start an empty index)
+    assert fsck_main([path]) == 4
+    assert "no valid meta page" in capsys.readouterr().out
+    data.write_bytes(raw)
+    lock = tmp_path / "index" / "lock.mdb"
+    lock.unlink()
+    lock.mkdir()  # the index cannot be opened at all: an operational error, not damage
     assert fsck_main([path]) == 8
     err = capsys.readouterr().err
-    assert "truncated or damaged" in err and "cannot check" in err and "Traceback" not in err
+    assert "cannot check" in err and "lock.mdb" in err and "Traceback" not in err
 
 
 def test_usage_errors_exit_16(capsys):
