@@ -126,24 +126,24 @@ def _identity(st, out) -> None:
 def scenario_lsplit_hits(plan, rank, group, out):
     import torch.distributed as dist
 
-    from .cp_ranks import _counts, _drop_l2, _durable, _flush_all, _page_keys, _tokens
+    from .cp_rank_kit import counts, drop_l2, durable, flush_all, page_keys, tokens
 
     st = _stack(plan, rank, group)
     try:
         be = st.backend
         _identity(st, out)
         pages = plan.get("pages", 8)
-        t1 = _tokens(1, pages)
+        t1 = tokens(1, pages)
         _write(st, t1)
-        _flush_all(st, group)
-        out["durable_seen"] = _durable(st, _page_keys(t1))
-        out["after_write"] = _counts(st)
-        _drop_l2(st, t1)
+        flush_all(st, group)
+        out["durable_seen"] = durable(st, page_keys(t1))
+        out["after_write"] = counts(st)
+        drop_l2(st, t1)
         out["loaded"], out["bytes_ok"] = _load(st, t1, "hits")
 
         # lag: rank 1 sees only `lag` pages of its part: the hit MIN gives every rank that prefix
         lag = plan.get("lag", 3)
-        _drop_l2(st, t1)
+        drop_l2(st, t1)
         path = be._path
         if rank == 1:
             real = path._leading
@@ -158,7 +158,7 @@ def scenario_lsplit_hits(plan, rank, group, out):
             from ..hicache.keys import storage_key
 
             slab = be.store.slab("target_kv")
-            _, _, slot = be.store.locate(be.plan.kv.kind, storage_key(_page_keys(t1)[bad]))
+            _, _, slot = be.store.locate(be.plan.kv.kind, storage_key(page_keys(t1)[bad]))
             with open(slab.path, "r+b") as f:
                 f.seek(slot * slab.slot_bytes + 2048)
                 f.write(os.urandom(256))
@@ -166,7 +166,7 @@ def scenario_lsplit_hits(plan, rank, group, out):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             os.close(fd)
         dist.barrier(group=group)
-        _drop_l2(st, t1)
+        drop_l2(st, t1)
         out["loaded_corrupt"], out["bytes_ok_corrupt"] = _load(st, t1, "corrupt")
 
         # missing: rank 1's disk fails every write from now; a request sharing `keep` pages with t1 (durable on
@@ -177,13 +177,13 @@ def scenario_lsplit_hits(plan, rank, group, out):
             for kind in (r.kind for r in be.plan.pools.values()):
                 be.store.slab(kind).inject_write_fault(fail_write())
         keep = plan.get("keep", 2)
-        t2 = t1[: keep * PS] + _tokens(50_000, pages - keep)
+        t2 = t1[: keep * PS] + tokens(50_000, pages - keep)
         _write(st, t2)
-        _flush_all(st, group)
-        out["durable_t2"] = _durable(st, _page_keys(t2))
-        _drop_l2(st, t2)
+        flush_all(st, group)
+        out["durable_t2"] = durable(st, page_keys(t2))
+        drop_l2(st, t2)
         out["loaded_missing"], out["bytes_ok_missing"] = _load(st, t2, "missing")
-        out["final"] = _counts(st)
+        out["final"] = counts(st)
         out["final"]["verify_failures"] = be.store.stats()["verify_failures"]
         dist.barrier(group=group)
     finally:
@@ -193,13 +193,13 @@ def scenario_lsplit_hits(plan, rank, group, out):
 def scenario_lsplit_crash_write(plan, rank, group, out):
     import torch
 
-    from .cp_ranks import _durable, _flush_all, _page_keys, _tokens
+    from .cp_rank_kit import durable, flush_all, page_keys, tokens
 
     st = _stack(plan, rank, group)
-    t1 = _tokens(1, plan.get("pages", 8))
+    t1 = tokens(1, plan.get("pages", 8))
     _write(st, t1)
-    _flush_all(st, group)
-    out["durable_seen"] = _durable(st, _page_keys(t1))
+    flush_all(st, group)
+    out["durable_seen"] = durable(st, page_keys(t1))
     be = st.backend
     out["digest"] = be.namespace.sealed_digest().hex()
     victim, outdir = plan["victim"], plan["out"]
@@ -244,7 +244,7 @@ def scenario_lsplit_crash_write(plan, rank, group, out):
 
 def scenario_lsplit_crash_reload(plan, rank, group, out):
     from ..hicache.keys import storage_keys
-    from .cp_ranks import _tokens
+    from .cp_rank_kit import tokens
 
     st = _stack(plan, rank, group)
     try:
@@ -255,14 +255,14 @@ def scenario_lsplit_crash_reload(plan, rank, group, out):
         out["victim_acked"] = len(acked)
         out["victim_acked_seen"] = (be.store.exists(be.plan.kv.kind, storage_keys(acked), include_staged=False)
                                     if acked else 0)
-        t1 = _tokens(1, plan.get("pages", 8))
+        t1 = tokens(1, plan.get("pages", 8))
         out["loaded"], out["bytes_ok"] = _load(st, t1, "after-restart")
     finally:
         st.close()
 
 
 def scenario_lsplit_other_split(plan, rank, group, out):
-    from .cp_ranks import _tokens
+    from .cp_rank_kit import tokens
 
     st = _stack(plan, rank, group)
     try:
@@ -271,7 +271,7 @@ def scenario_lsplit_other_split(plan, rank, group, out):
         out["shard"] = be.namespace.shard.tag()
         s = be.store.stats()
         out["cold_start_other_namespace_pages"] = s["cold_start_other_namespace_pages"]
-        out["loaded"] = st.prefetch(_tokens(1, plan.get("pages", 8)), "other-split")
+        out["loaded"] = st.prefetch(tokens(1, plan.get("pages", 8)), "other-split")
         s = be.store.stats()
         out["reload_hits"], out["errors"] = s["reload_hits"], be.l3_stats()["backend"]["errors"]
     finally:

@@ -32,11 +32,8 @@ import sys
 import time
 import traceback
 
-PS = 64
-
-
-def _tokens(start: int, pages: int) -> list[int]:
-    return list(range(start, start + pages * PS))
+from .cp_layer_split import SCENARIOS as _LAYER_SPLIT
+from .cp_rank_kit import PS, counts, drop_l2, durable, flush_all, page_keys, tokens
 
 
 def _same(a, b) -> bool:
@@ -70,46 +67,6 @@ def _write(st, tokens, seed):
     return want
 
 
-def _drop_l2(st, tokens):
-    everything = 8 * st.spec.device_pages * PS
-    st.evict_device(everything)
-    st.evict_host(everything)
-    m = st.match(tokens)
-    assert m.host_hit_length == 0 and m.device_prefix_len == 0, "L1/L2 still hold the tokens"
-    for pool in (st.kv_pool, *st.draft_pools):
-        for buf in (*pool.kv_buffer, *pool.index_k_with_scale_buffer):
-            buf.zero_()
-
-
-def _durable(st, keys) -> int:
-    from ..hicache.keys import storage_keys
-
-    be = st.backend
-    return be.store.exists(be.plan.kv.kind, storage_keys(keys), include_staged=False)
-
-
-def _page_keys(tokens):
-    from sglang.srt.mem_cache.utils import get_storage_hash_str
-
-    return get_storage_hash_str(tokens, None, page_size=PS)
-
-
-def _flush_all(st, group):
-    import torch.distributed as dist
-
-    assert st.backend.store.flush(60), "store flush timed out"
-    dist.barrier(group=group)
-
-
-def _counts(st) -> dict:
-    """This rank's page counts: the store's (pages accepted / dropped by spill, reload hits and misses) and the
-    backend's own (pages another replica owns, acknowledged without a write)."""
-    s = st.backend.store.stats()
-    return {"spill_accepted": s["spill_accepted"], "not_owned": st.backend.l3_stats()["backend"]["set_not_owned"],
-            "dropped": s["dropped_staging"] + s["dropped_pool_full"] + s["dropped_bad_input"],
-            "reload_hits": s["reload_hits"], "reload_misses": s["reload_misses"]}
-
-
 def scenario_hits(plan, rank, group, out):
     import torch.distributed as dist
 
@@ -120,18 +77,18 @@ def scenario_hits(plan, rank, group, out):
         be = st.backend
         out["cp_rank"], out["cp_size"], out["l3_rank"] = be.cp_rank, be.cp_size, be.rank
         out["writers"] = list(be.writers.writers)
-        t1 = _tokens(1, plan.get("pages", 8))
+        t1 = tokens(1, plan.get("pages", 8))
         want = _write(st, t1, seed=1)
-        _flush_all(st, group)
-        out["durable_seen"] = _durable(st, _page_keys(t1))
-        out["after_write"] = _counts(st)
-        _drop_l2(st, t1)
+        flush_all(st, group)
+        out["durable_seen"] = durable(st, page_keys(t1))
+        out["after_write"] = counts(st)
+        drop_l2(st, t1)
         out["loaded"] = st.prefetch(t1, "hits")
         out["bytes_ok"] = _same(st.snapshot_device(st.load_back(t1)), want)
 
         # lag: rank 1 sees only `lag` pages (its index view lags): the MIN gives everyone that prefix.
         lag = plan.get("lag", 3)
-        _drop_l2(st, t1)
+        drop_l2(st, t1)
         path = be._path  # the data path's per-pool exists is the seam (DataPath._leading)
         if rank == 1:
             real = path._leading
@@ -157,20 +114,20 @@ def scenario_hits(plan, rank, group, out):
 
         # tokens whose first two pages other ranks own (the same search on every rank): a non-empty prefix survives
         start = next(s for s in range(10_000, 10_000 + 64 * 200, 64)
-                     if 2 <= first_lost(_page_keys(_tokens(s, plan.get("pages", 8)))) < plan.get("pages", 8))
-        t2 = _tokens(start, plan.get("pages", 8))
+                     if 2 <= first_lost(page_keys(tokens(s, plan.get("pages", 8)))) < plan.get("pages", 8))
+        t2 = tokens(start, plan.get("pages", 8))
         want2 = _write(st, t2, seed=2)
-        _flush_all(st, group)
-        keys2 = _page_keys(t2)
+        flush_all(st, group)
+        keys2 = page_keys(t2)
         first_lost = first_lost(keys2)
         out["expect_fail_prefix"] = first_lost * PS
-        _drop_l2(st, t2)
+        drop_l2(st, t2)
         out["loaded_fail"] = st.prefetch(t2, "fail")
         n = out["loaded_fail"]
         got = st.snapshot_device(st.load_back(t2[:n])) if n else []
         out["bytes_ok_fail"] = (not n) or _same(got, [w[:n] if w.shape[0] == len(t2) else w[: n // PS]
                                                       for w in want2])
-        out["final"] = _counts(st)
+        out["final"] = counts(st)
         dist.barrier(group=group)
     finally:
         st.close()
@@ -181,10 +138,10 @@ def scenario_crash_write(plan, rank, group, out):
     import torch
 
     st = _stack(plan, rank, group)
-    t1 = _tokens(1, plan.get("pages", 8))
+    t1 = tokens(1, plan.get("pages", 8))
     _write(st, t1, seed=1)
-    _flush_all(st, group)
-    out["durable_seen"] = _durable(st, _page_keys(t1))
+    flush_all(st, group)
+    out["durable_seen"] = durable(st, page_keys(t1))
     be = st.backend
     victim, outdir = plan["victim"], plan["out"]
     if rank == victim:
@@ -222,7 +179,7 @@ def scenario_crash_write(plan, rank, group, out):
     kind = be.plan.kv.kind
     out["victim_acked"] = len(acked)
     out["victim_acked_seen"] = be.store.exists(kind, storage_keys(acked), include_staged=False) if acked else 0
-    keys1 = _page_keys(t1)
+    keys1 = page_keys(t1)
     dst = [np.zeros(be.plan.kv.page_bytes, np.uint8) for _ in keys1]
     out["t1_reads_while_victim_dead"] = sum(be.store.reload_into(kind, storage_keys(keys1), dst))
     # no st.close(): the victim is gone and SGLang's teardown may wait for it; main() exits without teardown
@@ -239,7 +196,7 @@ def scenario_crash_reload(plan, rank, group, out):
         out["victim_acked"] = len(acked)
         out["victim_acked_seen"] = (be.store.exists(be.plan.kv.kind, storage_keys(acked), include_staged=False)
                                     if acked else 0)
-        t1 = _tokens(1, plan.get("pages", 8))
+        t1 = tokens(1, plan.get("pages", 8))
         out["loaded"] = st.prefetch(t1, "after-restart")
     finally:
         st.close()
@@ -247,7 +204,6 @@ def scenario_crash_reload(plan, rank, group, out):
 
 SCENARIOS = {"hits": scenario_hits, "crash_write": scenario_crash_write, "crash_reload": scenario_crash_reload}
 # DSA cache layer split (each CP rank its own layers of a page): cp_layer_split.py, test_cp_layer_split.py
-from .cp_layer_split import SCENARIOS as _LAYER_SPLIT  # noqa: E402 - it imports this module's helpers lazily
 
 SCENARIOS.update(_LAYER_SPLIT)
 

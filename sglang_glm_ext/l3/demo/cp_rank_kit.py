@@ -1,0 +1,51 @@
+"""What every gloo rank of the CP demos does alike (``cp_ranks.py``: plain attention CP; ``cp_layer_split.py``:
+DSA cache layer split): the tokens of a scenario, their page keys, a flush of every rank's store, how many pages are
+durable, dropping pages from L1/L2 so the next prefetch must reach L3, and a rank's page counts. DEMO/TEST-ONLY."""
+
+from __future__ import annotations
+
+PS = 64
+
+
+def tokens(start: int, pages: int) -> list[int]:
+    return list(range(start, start + pages * PS))
+
+
+def drop_l2(st, tokens):
+    everything = 8 * st.spec.device_pages * PS
+    st.evict_device(everything)
+    st.evict_host(everything)
+    m = st.match(tokens)
+    assert m.host_hit_length == 0 and m.device_prefix_len == 0, "L1/L2 still hold the tokens"
+    for pool in (st.kv_pool, *st.draft_pools):
+        for buf in (*pool.kv_buffer, *pool.index_k_with_scale_buffer):
+            buf.zero_()
+
+
+def durable(st, keys) -> int:
+    from ..hicache.keys import storage_keys
+
+    be = st.backend
+    return be.store.exists(be.plan.kv.kind, storage_keys(keys), include_staged=False)
+
+
+def page_keys(tokens):
+    from sglang.srt.mem_cache.utils import get_storage_hash_str
+
+    return get_storage_hash_str(tokens, None, page_size=PS)
+
+
+def flush_all(st, group):
+    import torch.distributed as dist
+
+    assert st.backend.store.flush(60), "store flush timed out"
+    dist.barrier(group=group)
+
+
+def counts(st) -> dict:
+    """This rank's page counts: the store's (pages accepted / dropped by spill, reload hits and misses) and the
+    backend's own (pages another replica owns, acknowledged without a write)."""
+    s = st.backend.store.stats()
+    return {"spill_accepted": s["spill_accepted"], "not_owned": st.backend.l3_stats()["backend"]["set_not_owned"],
+            "dropped": s["dropped_staging"] + s["dropped_pool_full"] + s["dropped_bad_input"],
+            "reload_hits": s["reload_hits"], "reload_misses": s["reload_misses"]}
