@@ -14,10 +14,11 @@ buffer (read_plan.py). Then the header is checked, and the payload checksum is c
 they landed; a page that fails is a miss.
 
 Reads never wait on a checksum (issue 28): :meth:`Reloader.run_all` keeps ``reload_threads`` reads in flight on
-the read pool, each reader handing its landed page (views of the destination's own bytes and the checksum its
-header promises) to a queue and issuing its next read at once; the caller's thread hashes from the first landed
-page on, helped by up to :func:`hash_helpers` pool threads when pages queue up and by each reader once it is out
-of reads. A page is a hit only once its checksum matched, and the call returns only after every read and every
+the read pool. With fewer than :data:`HAND_OFF_BELOW` readers each hands its landed page (views of the destination's
+own bytes and the checksum its header promises) to a queue and issues its next read at once; the caller's thread
+hashes from the first landed page on, helped by up to :func:`hash_helpers` pool threads when pages queue up and by
+each reader once it is out of reads. With more readers each hashes its own page after its read: the others keep
+the disk busy meanwhile, and the hand-off would only cost CPU. A page is a hit only once its checksum matched, and the call returns only after every read and every
 checksum of the batch has finished. Two pages of one call with the same destination are refused (the second is a
 ``bad_dst`` miss): one read could otherwise land over another's verified bytes.
 
@@ -87,6 +88,15 @@ VECTORED = True
 # Misses that say nothing against the index entry: the slab is not there (yet), or the blob is of a format version
 # this build does not know (a newer server's page during a rolling upgrade: not ours to reclaim).
 _NOT_BLAMED = frozenset({ReloadMiss.NO_SLAB, ReloadMiss.BAD_DST, ReloadMiss.ERROR, BlobCheck.UNKNOWN_VERSION})
+
+
+# Below this many readers each reader hands its landed page to the caller's thread (and helpers) to hash, and goes on
+# reading; from it on each reader hashes its own page right after its read. Measured on the GPU machine's disk
+# (docs_internal/l3_design.md, issue 28): with one reader the hand-off lifts the reload from 0.70x to 0.86x of fio's
+# best read (read and hash no longer take turns); with 8 (or 64) readers the disk is kept busy by the others while
+# one hashes, GB/s is the same either way, and the hand-off (a queue put/get and a wake-up per page) costs 5-30 %
+# more CPU per GB (layer-first 1 MiB pages: 1.34x -> 1.57x of raw read + xxh3).
+HAND_OFF_BELOW = 4
 
 
 def hash_helpers(reload_threads: int) -> int:
@@ -299,6 +309,7 @@ class Reloader:
         if n <= 1:  # nothing to overlap
             return [_verified(_staged(fn, job)) for job in jobs]
         readers = min(self.config.reload_threads, n)
+        hash_here = self.config.reload_threads >= HAND_OFF_BELOW
         out: list = [None] * n
         landed: "queue.SimpleQueue" = queue.SimpleQueue()
         lock = threading.Lock()
@@ -337,6 +348,9 @@ class Reloader:
                 r = _staged(fn, jobs[i])
                 if not isinstance(r, _Landed):
                     final(i, r)
+                    continue
+                if hash_here:  # enough readers: the others keep the disk busy while this one hashes
+                    final(i, _verified(r))
                     continue
                 landed.put((i, r))
                 if landed.qsize() > 1 and helping[0] < self.helpers:

@@ -134,11 +134,12 @@ class Host:
         assert not bad.any(), f"{bad.sum()} bytes changed outside the hits' exact pages (first at {bad.argmax()})"
 
 
+@pytest.mark.parametrize("threads", [2, 4], ids=["hand-off", "hash-on-reader"])
 @pytest.mark.parametrize("form,vectored", [("flat", True), ("page_first", True), ("layer_first", True),
                                            ("layer_first", False)],
                          ids=["flat", "page-first", "layer-first-vectored", "layer-first-single"])
-def test_many_pages_some_corrupt_results_exact_only_their_own_bytes_move(tmp_path, form, vectored):
-    s = open_store(tmp_path)
+def test_many_pages_some_corrupt_results_exact_only_their_own_bytes_move(tmp_path, form, vectored, threads):
+    s = open_store(tmp_path, threads=threads)
     s._reloader.vectored = vectored
     try:
         spill(s, range(N))
@@ -160,8 +161,9 @@ def test_many_pages_some_corrupt_results_exact_only_their_own_bytes_move(tmp_pat
         s.close()
 
 
-def test_the_call_returns_only_after_every_checksum_and_a_hit_only_after_its_own(tmp_path, monkeypatch):
-    s = open_store(tmp_path)
+@pytest.mark.parametrize("threads", [2, 4], ids=["hand-off", "hash-on-reader"])
+def test_the_call_returns_only_after_every_checksum_and_a_hit_only_after_its_own(tmp_path, monkeypatch, threads):
+    s = open_store(tmp_path, threads=threads)
     try:
         spill(s, range(16))
         poke(s, 4, "payload_tail")
@@ -300,3 +302,32 @@ def test_calls_from_many_threads_at_once_with_small_pools_stay_exact(tmp_path):
         assert not errors, errors[0]
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("threads,where", [(1, "hand-off"), (2, "hand-off"), (4, "reader"), (8, "reader")])
+def test_few_readers_hand_their_pages_off_many_hash_their_own(tmp_path, monkeypatch, threads, where):
+    """Below reload.HAND_OFF_BELOW readers the checksums run off the read pool (the caller and hash helpers) so the
+    few readers keep reading; from it on each reader hashes its own page (the others keep the disk busy, and the
+    hand-off would only cost CPU: l3_design.md, issue 28)."""
+    s = open_store(tmp_path, threads=threads)
+    try:
+        spill(s, range(16))
+        real = reload_mod.checksum_views
+        ran_on = []
+
+        def spy(pieces):
+            ran_on.append(threading.current_thread().name)
+            return real(pieces)
+
+        monkeypatch.setattr(reload_mod, "checksum_views", spy)
+        host = Host("page_first")
+        got = host.reload(s, range(16), list(range(16)))
+        assert got == [True] * 16 and len(ran_on) == 16
+        on_readers = sum(name.startswith("l3-rd-") for name in ran_on)
+        if where == "reader":
+            assert on_readers == 16, ran_on
+        else:
+            assert on_readers < 16 and any(not name.startswith("l3-rd-") for name in ran_on), ran_on
+    finally:
+        s.close()
+
