@@ -3,8 +3,12 @@ to the reference (never a wrong token), and no page the store had acknowledged d
 durable" = the key's index commit, read back with fsck right after the kill).
 
 "During write-back" is made sure of, not hoped for: the first server's L3 disk is slow (every slab write sleeps,
-SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS), so its write-back is still going when it is killed right after the last
-reply; the restarted server (a normal disk) then writes the pages the kill cut off, which the test counts."""
+SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS). The first wave of requests is waited on until some of its pages are durable (so there is something
+acknowledged to lose, on a fast machine too); the second wave's write-back is still going when the server is killed
+right after its last reply; the restarted server (a normal disk) then writes the pages the kill cut off, which the
+test counts."""
+
+import time
 
 import pytest
 
@@ -18,6 +22,17 @@ pytestmark = [pytest.mark.server, pytest.mark.timeout(1200)]
 SLOW_DISK = {"SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS": "4000"}
 
 
+def _wait_durable(url: str, *, timeout: float) -> float:
+    """Poll until the store reports a durable page (``sglang:cp_l3_spill_pages_total`` > 0); its value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = served.scrape(url).get(run.SPILL, 0.0)
+        if value > 0:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"no L3 page durable within {timeout:.0f} s of the first wave")
+
+
 @pytest.fixture(scope="module")
 def scenario(glm5_model, tmp_path_factory):
     work = tmp_path_factory.mktemp("crash")
@@ -26,9 +41,14 @@ def scenario(glm5_model, tmp_path_factory):
     out = {}
     srv = start(glm5_model, str(work / "first.log"), l3_args(cfg), env=SLOW_DISK)
     try:
-        out["first"] = send_all(srv, reqs)
-        # Right after the last reply its pages are still on their way to L3 (write-through backup thread, then
-        # the store's writer): kill everything now, as a crash would.
+        # Wave 1 (every conversation's first turn): wait until some of its pages are durable (the first batch's
+        # writes, 4 s each, then fdatasync and index commit), so that the kill below has acknowledged pages to
+        # keep whatever the machine's speed.
+        out["first"] = send_all(srv, reqs[:3])
+        out["durable_before_wave2"] = _wait_durable(srv.url, timeout=600.0)
+        # Wave 2 (the second turns): right after its last reply its pages are still on their way to L3
+        # (write-through backup thread, then the store's 4 s writes): kill everything now, as a crash would.
+        out["first"] += send_all(srv, reqs[3:])
         out["spilled_before_kill"] = served.scrape(srv.url).get(run.SPILL, 0.0)
         srv.kill()
         out["killed_alive"] = srv.alive()
@@ -55,7 +75,9 @@ def test_every_reply_after_the_crash_is_identical_and_nothing_acknowledged_is_lo
     # fsck after the kill: the store is consistent (a crash leaves at most orphans, never corrupt live pages).
     assert scenario["after_kill"]["corrupt"] == 0 and scenario["after_kill"]["rc"] == 0, scenario["after_kill"]
     acknowledged = scenario["after_kill"]["live"]
-    assert acknowledged > 0
+    # Every page wave 1 saw made durable before wave 2 began is still there after the kill.
+    assert scenario["durable_before_wave2"] > 0, scenario
+    assert acknowledged >= scenario["durable_before_wave2"], scenario
     # The restart loads every page whose index commit survived the kill, and serves from them.
     assert scenario["loaded"] == acknowledged
     assert scenario["end"]["live"] >= acknowledged and scenario["end"]["rc"] == 0
