@@ -95,11 +95,12 @@ def glm_grouped_topk(
     scores = router_logits.float().sigmoid()
     num_tokens, num_experts = scores.shape
     choice = scores + correction_bias.float().view(1, num_experts)
-    group_scores = choice.view(num_tokens, num_expert_group, -1).topk(2, dim=-1)[0].sum(dim=-1)
+    per_group = num_experts // num_expert_group  # explicit: a view with -1 is ambiguous for an empty batch
+    group_scores = choice.view(num_tokens, num_expert_group, per_group).topk(2, dim=-1)[0].sum(dim=-1)
     group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
     group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
-    score_mask = group_mask.unsqueeze(-1).expand(num_tokens, num_expert_group, num_experts // num_expert_group)
-    masked = choice.masked_fill(~score_mask.reshape(num_tokens, -1).bool(), float("-inf"))
+    score_mask = group_mask.unsqueeze(-1).expand(num_tokens, num_expert_group, per_group)
+    masked = choice.masked_fill(~score_mask.reshape(num_tokens, num_experts).bool(), float("-inf"))
     ids = torch.topk(masked, k=top_k, dim=-1, sorted=False)[1]
     weights = scores.gather(1, ids)
     if renormalize:

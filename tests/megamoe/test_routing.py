@@ -36,6 +36,14 @@ def test_glm_grouped_topk_equals_sglang_select_experts(seed, apply_on_output):
     torch.testing.assert_close(got_w, ref_w, rtol=1e-6, atol=1e-6)
 
 
+def test_glm_grouped_topk_of_an_empty_batch_is_empty_of_the_right_width():
+    # An idle rank (0 tokens) still routes: [0, top_k] ids and weights, no error (a view with -1 raised here).
+    w, ids = glm_grouped_topk(torch.randn(0, 16), torch.zeros(16), top_k=8, num_expert_group=4, topk_group=2,
+                              renormalize=True)
+    assert tuple(ids.shape) == (0, 8) and ids.dtype == torch.int32
+    assert tuple(w.shape) == (0, 8) and w.dtype == torch.float32
+
+
 def test_bypassed_routing_materialises_to_the_same_ids_and_weights():
     # What the GLM-4 hook does with a FlashInfer-TRTLLM bypassed TopK: SGLang's own to_standard().
     g = torch.Generator().manual_seed(7)
