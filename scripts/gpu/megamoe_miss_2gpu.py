@@ -71,14 +71,14 @@ def batch(name, sizes, device):
     return ([t.to(device) for t in xs], [t.to(device) for t in ids], [t.to(device) for t in wts])
 
 
-def run(rank, world, backend, device_kind, port, hang_check, out):
+def run(rank, world, backend, device_kind, port, hang_check, out, pg_timeout=30.0):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if device_kind == "cuda":
         torch.cuda.set_device(rank)
         device = torch.device("cuda", rank)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30),
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=pg_timeout),
                             **({"device_id": device} if device_kind == "cuda" else {}))
     group = dist.group.WORLD
     results = []
@@ -169,6 +169,8 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--hang-check", action="store_true")
     ap.add_argument("--out", default="/tmp/megamoe_miss_2gpu")
+    ap.add_argument("--pg-timeout", type=float, default=30.0,
+                    help="seconds a collective may wait (the process group's timeout; --hang-check ends there)")
     args = ap.parse_args()
     assert E % args.world == 0, f"{E} experts do not split over {args.world} ranks"
     if args.device == "cuda":
@@ -178,7 +180,8 @@ def main():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     print(f"torch {torch.__version__}, {args.world} ranks, {args.backend} on {args.device}", flush=True)
-    torch.multiprocessing.spawn(run, args=(args.world, args.backend, args.device, port, args.hang_check, args.out),
+    torch.multiprocessing.spawn(run, args=(args.world, args.backend, args.device, port, args.hang_check, args.out,
+                                      args.pg_timeout),
                                 nprocs=args.world, join=True)
     statuses = [s for r in range(args.world) for s in torch.load(os.path.join(args.out, f"rank{r}.pt"))]
     n_fail = statuses.count("FAIL")
