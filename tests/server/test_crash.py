@@ -3,10 +3,10 @@ to the reference (never a wrong token), and no page the store had acknowledged d
 durable" = the key's index commit, read back with fsck right after the kill).
 
 "During write-back" is made sure of, not hoped for: the first server's L3 disk is slow (every slab write sleeps,
-SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS). The first wave of requests is waited on until some of its pages are durable (so there is something
-acknowledged to lose, on a fast machine too); the second wave's write-back is still going when the server is killed
-right after its last reply; the restarted server (a normal disk) then writes the pages the kill cut off, which the
-test counts."""
+SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS). The first wave of requests is waited on until some of its pages are
+durable (so there is something acknowledged to lose, on a fast machine too); the second wave's write-back is still
+going when the server is killed right after its last reply; the restarted server (a normal disk) then writes the
+pages the kill cut off, which the test counts."""
 
 import time
 
