@@ -45,22 +45,16 @@ import torch.multiprocessing as mp
 
 from sglang_glm_ext.megamoe import glm4, routing, sm90_fp8, weight_update
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from megamoe_kit import Skip, deep_gemm_or_skip, glm_layer, mega_kernel, rel, sglang_load_w13  # noqa: E402
+
 E, H, I, TOPK, GROUPS, TOPK_GROUP, RSF, CAP = 16, 512, 256, 8, 4, 2, 2.5, 256
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 UPDATED = {1: ("w1", "w3"), 5: ("w1", "w3"), 9: ("w1", "w3"), 3: ("w1",)}  # expert 3: gate rows only
 
 
-class Skip(Exception):
-    pass
-
-
-def glm_layer(seed):
-    g = torch.Generator().manual_seed(seed)
-    w13 = (torch.randn(E, 2 * I, H, generator=g) * 0.05).to(torch.float8_e4m3fn)
-    w2 = (torch.randn(E, H, I, generator=g) * 0.05).to(torch.float8_e4m3fn)
-    s13 = torch.rand(E, 2 * I // 128, H // 128, generator=g) * 0.5 + 0.5
-    s2 = torch.rand(E, H // 128, I // 128, generator=g) * 0.5 + 0.5
-    return w13, s13, w2, s2
+def weights(seed):
+    return glm_layer(E, H, I, seed)
 
 
 def token_counts(case, world):
@@ -79,44 +73,6 @@ def batch(case, rank, tokens):
     w, ids = routing.glm_grouped_topk(torch.randn(tokens, E, generator=g), torch.randn(E, generator=g) * 0.1,
                                       top_k=TOPK, num_expert_group=GROUPS, topk_group=TOPK_GROUP, renormalize=True)
     return x, w, ids
-
-
-def rel(a, b):
-    b = b.float().cpu()
-    if b.numel() == 0:
-        return 0.0
-    return float((a.float().cpu() - b).norm() / b.norm().clamp(min=1e-12))
-
-
-def _deep_gemm(dev):
-    if dev.type != "cuda":
-        raise Skip("not on a CUDA device")
-    try:
-        import deep_gemm
-    except Exception as exc:
-        raise Skip(f"deep_gemm does not import: {type(exc).__name__}: {exc}")
-    need = ("get_symm_buffer_for_sm90_mega_moe", "mega_moe_pre_dispatch_sm90", "fp8_mega_moe")
-    missing = [n for n in need if not hasattr(deep_gemm, n)]
-    if missing:
-        raise Skip(f"deep_gemm {getattr(deep_gemm, '__version__', '?')} lacks {missing}")
-    return deep_gemm
-
-
-def _kernel(dg, buf, l1, l2, xd, kr, kw):
-    """One MegaMoE call exactly as SGLang 0.5.23's run_sm90_mega_routed makes it (layers/moe/mega_moe_sm90.py:56-84)."""
-    dg.mega_moe_pre_dispatch_sm90(xd, kr.topk_ids, kr.topk_weights, buf.x, buf.x_sf, buf.topk_idx,
-                                  buf.topk_weights, num_tokens=kw["num_tokens"], group_size=128,
-                                  routed_scaling_factor=kw["routed_scaling_factor"])
-    y = torch.empty((max(kw["num_tokens"], 1), kw["hidden_size"]), dtype=torch.bfloat16, device=xd.device)
-    dg.fp8_mega_moe(y, l1, l2, buf, recipe=(128, 128, 128), activation=kw["activation"],
-                    activation_clamp=kw["activation_clamp"], fast_math=True)
-    return y[:kw["num_tokens"]]
-
-
-def sglang_load_w13(self, param, loaded, name, shard_id, expert_id):
-    # FusedMoE._load_w13 for a gated layer: w1 into rows [0, I), w3 into [I, 2I) of that (local) expert, in place.
-    rows = param.data.shape[1] // 2
-    param.data[expert_id].narrow(0, 0 if shard_id == "w1" else rows, rows).copy_(loaded)
 
 
 def worker(rank, world, port, backend, device, results):
@@ -143,7 +99,7 @@ def worker(rank, world, port, backend, device, results):
         results.put((rank, name, status, f"{detail} ({time.perf_counter() - t0:.2f}s)"))
 
     def sharding():
-        w13, s13, w2, s2 = glm_layer(3)
+        w13, s13, w2, s2 = weights(3)
         x, w, ids = batch("uneven", 0, 96)  # the same tokens on every rank
         full = sm90_fp8.reference_moe(x.float(), ids, w, w13, s13, w2, s2, routed_scaling_factor=RSF,
                                       w13_interleaved=False)
@@ -155,7 +111,7 @@ def worker(rank, world, port, backend, device, results):
         return f"experts [{lo}, {hi}) of {E}; sum over {world} ranks vs whole layer rel err {e:.1e}"
 
     def setup():
-        dg = _deep_gemm(dev)
+        dg = deep_gemm_or_skip(dev)
         block = SimpleNamespace(
             config=SimpleNamespace(num_experts_per_tok=TOPK, moe_intermediate_size=I, hidden_size=H,
                                    n_shared_experts=None, routed_scaling_factor=RSF),
@@ -174,14 +130,14 @@ def worker(rank, world, port, backend, device, results):
         kr = routing.kernel_routing(ids.to(dev), w.to(dev), num_tokens=x.shape[0], top_k=plan.top_k,
                                     num_experts=plan.num_experts, routed_scaling_factor=plan.routed_scaling_factor,
                                     scale_fused_in_topk=plan.scale_fused_in_topk, check_ids=True, device=dev)
-        y = _kernel(dg, buf, l1, l2, x.to(dev), kr, glm4.runner_kwargs(plan, kr))
+        y = mega_kernel(dg, buf, l1, l2, x.to(dev), kr, glm4.runner_kwargs(plan, kr))
         torch.cuda.synchronize(dev)
         return y
 
     def kernel():
         if "buf" not in state:
             raise Skip("no symmetric buffer (previous check)")
-        w13, s13, w2, s2 = glm_layer(3)
+        w13, s13, w2, s2 = weights(3)
         l1 = (sm90_fp8.interleave_gate_up(w13[lo:hi].to(dev)).contiguous(), s13[lo:hi].to(dev).contiguous())
         l2 = (w2[lo:hi].to(dev).contiguous(), s2[lo:hi].to(dev).contiguous())
         out = []
@@ -203,8 +159,8 @@ def worker(rank, world, port, backend, device, results):
     def update():
         if "buf" not in state:
             raise Skip("no symmetric buffer (previous check)")
-        w13, s13, w2, s2 = glm_layer(3)
-        new13 = glm_layer(4)[0]
+        w13, s13, w2, s2 = weights(3)
+        new13 = weights(4)[0]
         param = SimpleNamespace(data=sm90_fp8.interleave_gate_up(w13[lo:hi].to(dev)).contiguous())
         l1 = (param.data, s13[lo:hi].to(dev).contiguous())
         l2 = (w2[lo:hi].to(dev).contiguous(), s2[lo:hi].to(dev).contiguous())

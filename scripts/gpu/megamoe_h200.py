@@ -32,6 +32,9 @@ import torch
 
 from sglang_glm_ext.megamoe import glm4, routing, select, sm90_fp8, weight_update
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from megamoe_kit import Skip, deep_gemm_or_skip, glm_layer, mega_kernel, rel, sglang_load_w13  # noqa: E402
+
 RESULTS: list[tuple[str, str, str]] = []
 
 
@@ -52,14 +55,6 @@ def check(name):
     return deco
 
 
-class Skip(Exception):
-    pass
-
-
-def rel(a, b):
-    return float((a.float().cpu() - b.float().cpu()).norm() / b.float().cpu().norm().clamp(min=1e-12))
-
-
 # `--device cpu` is a smoke run of the script itself (tests/megamoe/test_gpu_script.py): CPU against CPU, no kernel.
 DEV = torch.device(sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cuda:0")
 if DEV.type == "cuda":
@@ -67,15 +62,6 @@ if DEV.type == "cuda":
           f"SM{''.join(map(str, torch.cuda.get_device_capability(0)))}, python {sys.version.split()[0]}", flush=True)
 else:
     print(f"torch {torch.__version__}, device {DEV} (smoke run: the kernel checks skip)", flush=True)
-
-
-def glm_layer(e=16, h=512, i=256, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    w13 = (torch.randn(e, 2 * i, h, generator=g) * 0.05).to(torch.float8_e4m3fn)
-    w2 = (torch.randn(e, h, i, generator=g) * 0.05).to(torch.float8_e4m3fn)
-    s13 = torch.rand(e, 2 * i // 128, h // 128, generator=g) * 0.5 + 0.5
-    s2 = torch.rand(e, h // 128, i // 128, generator=g) * 0.5 + 0.5
-    return w13, s13, w2, s2
 
 
 @check("routing: glm_grouped_topk on CUDA == CPU (GLM-4.5 160 experts / 1 group; GLM-5-like 256 / 8 groups)")
@@ -145,17 +131,7 @@ def _():
 
 
 def _deep_gemm():
-    if DEV.type != "cuda":
-        raise Skip("not on a CUDA device")
-    try:
-        import deep_gemm
-    except Exception as exc:
-        raise Skip(f"deep_gemm does not import: {type(exc).__name__}: {exc}")
-    need = ("get_symm_buffer_for_sm90_mega_moe", "mega_moe_pre_dispatch_sm90", "fp8_mega_moe")
-    missing = [n for n in need if not hasattr(deep_gemm, n)]
-    if missing:
-        raise Skip(f"deep_gemm {getattr(deep_gemm, '__version__', '?')} lacks {missing}")
-    return deep_gemm
+    return deep_gemm_or_skip(DEV)
 
 
 _STATE = {}
@@ -232,17 +208,6 @@ def _():
     return f"rel err vs FP8-activation reference {e_q:.3e}, vs exact {e:.3e}, vs stock-layout reading {wrong:.2f}"
 
 
-def _kernel(dg, buf, l1, l2, xd, kr, kw):
-    """One MegaMoE call exactly as SGLang 0.5.23's run_sm90_mega_routed makes it (layers/moe/mega_moe_sm90.py:56-84)."""
-    dg.mega_moe_pre_dispatch_sm90(xd, kr.topk_ids, kr.topk_weights, buf.x, buf.x_sf, buf.topk_idx,
-                                  buf.topk_weights, num_tokens=kw["num_tokens"], group_size=128,
-                                  routed_scaling_factor=kw["routed_scaling_factor"])
-    y = torch.empty((max(kw["num_tokens"], 1), kw["hidden_size"]), dtype=torch.bfloat16, device=xd.device)
-    dg.fp8_mega_moe(y, l1, l2, buf, recipe=(128, 128, 128), activation=kw["activation"],
-                    activation_clamp=kw["activation_clamp"], fast_math=True)
-    return y[:kw["num_tokens"]]
-
-
 @check("weights: fp8_mega_moe after a weight update of some experts (the plugin's loader hook) == new reference")
 def _():
     if "buf" not in _STATE:
@@ -265,11 +230,6 @@ def _():
     l2 = (w2.to(DEV).contiguous(), s2.to(DEV).contiguous())
     layer = SimpleNamespace(_mega_moe_weights_built=True, _mega_moe_sm90_fp8_weights=True, w13_weight=param)
 
-    def sglang_load_w13(self, param, loaded, name, shard_id, expert_id):
-        # FusedMoE._load_w13 for a gated layer: w1 into rows [0, I), w3 into [I, 2I) of that expert, in place.
-        rows = param.data.shape[1] // 2
-        param.data[expert_id].narrow(0, 0 if shard_id == "w1" else rows, rows).copy_(loaded)
-
     written = {1: ("w1", "w3"), 5: ("w1", "w3"), 9: ("w1", "w3"), 3: ("w1",)}  # expert 3: gate rows only
     want = w13.clone()
     for e, shards in written.items():
@@ -281,7 +241,7 @@ def _():
     assert param.data.data_ptr() == l1[0].data_ptr()
     assert torch.equal(param.data.view(torch.uint8).cpu(), sm90_fp8.interleave_gate_up(want).view(torch.uint8))
     xd = x.to(DEV)
-    y = _kernel(dg, buf, l1, l2, xd, kr, kw)
+    y = mega_kernel(dg, buf, l1, l2, xd, kr, kw)
     torch.cuda.synchronize()
     ref_q = sm90_fp8.reference_moe(x.float(), ids, w, want, s13, w2, s2, routed_scaling_factor=2.5,
                                    w13_interleaved=False, quantize_activations=True)
@@ -294,7 +254,7 @@ def _():
         for shard in shards:
             half = slice(0, 256) if shard == "w1" else slice(256, 512)
             sglang_load_w13(None, SimpleNamespace(data=stock), new13[e][half].to(DEV), "", shard, e)
-    y_stock = _kernel(dg, buf, (stock, l1[1]), l2, xd, kr, kw)
+    y_stock = mega_kernel(dg, buf, (stock, l1[1]), l2, xd, kr, kw)
     torch.cuda.synchronize()
     e_stock = rel(y_stock, ref_q)
     assert e_new < 0.05 and e_old > 0.05 and e_stock > 0.05, (e_new, e_old, e_stock)
@@ -339,7 +299,7 @@ def _():
         kw = glm4.runner_kwargs(plan, kr)
 
         def routed():
-            return _kernel(dg, buf, l1, l2, x, kr, kw)
+            return mega_kernel(dg, buf, l1, l2, x, kr, kw)
 
         def shared():  # Glm4MoeMLP: gate_up -> SiluAndMul -> down (bf16, replicated)
             gu = torch.nn.functional.linear(x, sh_gu)
