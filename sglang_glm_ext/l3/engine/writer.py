@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping
 
 from ..disk.aligned import AlignedBuffer
-from .committer import Committer
+from .committer import QUEUE_MAX, Committer
 from ..config import L3Config
 from .counters import Counters
 from ..disk.format import PayloadKind, seal_blob
@@ -51,9 +51,10 @@ _TOUCH_PERSIST_INTERVAL_S = 1.0  # reload touches reach the shared index at most
 _MAX_BATCH_WAIT_S = 0.002  # the writer waits this long for a batch to fill before writing what it has
 _READER_CHECK_INTERVAL_S = 30.0  # the writer clears dead processes' LMDB reader slots at most this often
 _PROBE_S = 1.0  # a disk whose slab writes fail gets one new page this often (is it back?); the rest go elsewhere
-# Batches a disk's committer holds at most without blocking the writer (one committing, two in its queue): a disk
-# that has them all gets no new page in a round (a slow drive sheds its pages to the others).
-_BACKLOG = 3
+# Batches a disk's committer holds at most without blocking the writer (a group committing, the next group in its
+# queue: committer.py): a disk that has them all gets no new page in a round (a slow drive sheds its pages to the
+# others).
+_BACKLOG = QUEUE_MAX + 1
 
 
 def _write_slot(slab, slot: int, buf: AlignedBuffer) -> "Failure | None":
