@@ -3,7 +3,10 @@
 A small sweep of (iodepth x numjobs) points at one block size, each one fio process, the best GB/s taken:
 
 * ``kind="write"``: sequential O_DIRECT write, each job its own contiguous region of the file
-  (``--offset_increment``), ``--end_fsync=1`` (the number means durable, like a spill) -- the reference for spill;
+  (``--offset_increment``), ``--end_fsync=1`` (the number means durable, like a spill) -- the reference for spill.
+  A sweep point runs for a time over a file it keeps, so it measures writes over blocks already written; ``point(...,
+  fresh=True)`` is the same point as ONE pass over a file just preallocated (``posix_fallocate``, as the store makes
+  its slabs): on ext4 every such write also converts an unwritten extent, which costs 25-35 % here (issue 28);
 * ``kind="read"``: random O_DIRECT read of whole blocks over the file, shared by all jobs (a reload reads scattered
   slots) -- the reference for reload.
 
@@ -152,18 +155,37 @@ def parse_point(data: dict, kind: str) -> dict:
 
 
 def point(fio: str, kind: str, block_bytes: int, path: str, file_bytes: int, seconds: float, engine: str,
-          iodepth: int, numjobs: int) -> dict:
+          iodepth: int, numjobs: int, *, fresh: bool = False) -> dict:
     """One (iodepth, numjobs) measurement on ``path``: the row of a sweep, also run alone beside a store pass (the
-    bench pairs each spill and reload with fio's best point, so a disk whose speed drifts biases neither)."""
-    args = [f"--name={kind}", *_common(path, block_bytes, engine), f"--iodepth={iodepth}", f"--numjobs={numjobs}",
-            f"--runtime={seconds}", "--time_based"]
+    bench pairs each spill and reload with fio's best point, so a disk whose speed drifts biases neither).
+    ``fresh`` (writes): ``path`` is replaced by a file of ``file_bytes`` just preallocated, written once (no time
+    limit), then removed: a first fill, like a new slab's (module docstring)."""
+    args = [f"--name={kind}", *_common(path, block_bytes, engine), f"--iodepth={iodepth}", f"--numjobs={numjobs}"]
+    if not fresh:
+        args += [f"--runtime={seconds}", "--time_based"]
     if kind == "write":
         region = file_bytes // numjobs // block_bytes * block_bytes
         args += ["--rw=write", f"--size={region}", f"--offset_increment={region}", "--end_fsync=1"]
+        if fresh:
+            try:
+                if os.path.exists(path):
+                    os.unlink(path)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+                try:
+                    os.posix_fallocate(fd, 0, region * numjobs)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                return {"iodepth": iodepth, "numjobs": numjobs, "gbps": None, "error": f"preallocating {path}: {e}"}
+            args.append("--fallocate=none")
     else:
         args += ["--rw=randread", f"--size={file_bytes // block_bytes * block_bytes}"]
     t0 = time.perf_counter()
-    d, why, cpu = _run_fio(fio, args, seconds * 4 + 120)
+    try:
+        d, why, cpu = _run_fio(fio, args, seconds * 4 + 120 if not fresh else max(120.0, file_bytes / 50e6))
+    finally:
+        if fresh and os.path.exists(path):
+            os.unlink(path)
     row = {"iodepth": iodepth, "numjobs": numjobs, "gbps": None, "wall_s": time.perf_counter() - t0, "cpu_s": cpu}
     if d is None:
         row["error"] = why

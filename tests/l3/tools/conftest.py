@@ -15,6 +15,8 @@ import json, os, sys
 if sys.argv[1:] == ["--version"]:
     print("fio-3.33-fake"); sys.exit(0)
 a = dict(x[2:].split("=", 1) for x in sys.argv[1:] if x.startswith("--") and "=" in x)
+a["time_based"] = "--time_based" in sys.argv
+a["_allocated"] = os.stat(a["filename"]).st_blocks * 512 if os.path.exists(a["filename"]) else 0  # as fio found it
 with open(os.environ["FAKE_FIO_LOG"], "a") as log:
     log.write(json.dumps(a) + "\n")
 if a["ioengine"] in os.environ.get("FAKE_FIO_REFUSE", "").split(","):

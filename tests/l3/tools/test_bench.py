@@ -30,11 +30,12 @@ def test_bench_smoke(tmp_path, fake_fio):
     fio, log = fake_fio
     stdout, data = _bench(tmp_path, "--repeats", "2", "--load-pages", "300", "--fio", str(fio), "--fio-grid",
                           "tiny", "--fio-seconds", "0.2")
-    for row in ("spill->durable vs raw O_DIRECT write", "reload page-first vs raw read",
+    for row in ("spill (first fill)->durable vs raw O_DIRECT write", "reload page-first vs raw read",
                 "reload layer-first vs raw read", "reload layer-first single vs raw read",
                 "CPU: vs raw read + xxh3 in place", "batched exists", "peak staging vs cap",
                 "cold_start=load, 300 live pages", "fio best seq write (16x1 io_uring)",
-                "spill->durable vs fio best write", "fio best rand read (16x1 io_uring)", "vs fio best rand read",
+                "spill->durable vs fio best write", "first fill vs fio, one pass, new file",
+                "fio best rand read (16x1 io_uring)", "vs fio best rand read",
                 "checksum: xxhash ", "store threads: io_threads=4 (writes in flight), reload_threads=4 (reads in "
                 "flight), checksums on the caller's thread + up to 1 helper(s)", "fio best: write 16x1 = 16 in flight"):
         assert row in stdout, row
@@ -42,7 +43,7 @@ def test_bench_smoke(tmp_path, fake_fio):
     (r,) = data["results"]
     # Each side timed once per repeat (the layer-first reference once per read mode), next to what it is the
     # reference for; CPU beside every wall time; a paired ratio per repeat.
-    for name, times in (("raw_write", 2), ("spill", 2), ("raw_read", 2), ("raw_read_xxh3_page_first", 2),
+    for name, times in (("raw_write", 2), ("spill_first", 2), ("spill", 2), ("raw_read", 2), ("raw_read_xxh3_page_first", 2),
                         ("raw_read_xxh3_layer_first", 4), ("reload_page_first", 2), ("reload_layer_first", 2),
                         ("reload_layer_first_single", 2)):
         assert len(r[f"{name}_s"]) == len(r[f"{name}_cpu_s"]) == times, name
@@ -52,10 +53,17 @@ def test_bench_smoke(tmp_path, fake_fio):
         assert set(a) == {"cpu_vs_raw_xxh3", "gbps_vs_raw", "gbps_vs_raw_xxh3", "gbps"} and a["cpu_vs_raw_xxh3"] > 0
         assert len(r[f"reload_{name}_vs_fio"]) == 2  # each reload pass over the fio read point of its repeat
     assert len(r["spill_vs_fio"]) == 2 and r["fio_write_gbps"] == r["fio_read_gbps"] == 2.0  # the fake's best
+    assert len(r["spill_first_vs_fio"]) == 2 and r["fio_write_fresh_gbps"] == 2.0
     assert r["fio"]["write"]["iodepth"] == 16 and r["fio"]["read"]["engine"] == "io_uring"
-    # the sweep (3 points per kind), then fio's best point once per repeat beside the store's passes
+    # the sweep (3 points per kind), then fio's best point once per repeat beside the store's passes: the write point
+    # for a time over the kept file (steady state) and as one pass over a new preallocated file (the first fill),
+    # in the order of the repeat (flipped every other repeat)
     runs = [c for c in calls(log) if c["name"] in ("read", "write")]
-    assert [(c["name"], c["iodepth"], c["numjobs"]) for c in runs[6:]] == [("write", "16", "1"), ("read", "16", "1")] * 2
+    point = [(c["name"], c["iodepth"], c["numjobs"], c.get("fallocate") == "none") for c in runs[6:]]
+    assert point == [("write", "16", "1", False), ("write", "16", "1", True), ("read", "16", "1", False),
+                     ("write", "16", "1", True), ("write", "16", "1", False), ("read", "16", "1", False)]
+    fresh = [c for c in runs[6:] if c.get("fallocate") == "none"]
+    assert all(not c["time_based"] and c["_allocated"] >= int(c["size"]) for c in fresh)  # one pass, preallocated
     assert r["staging_peak_bytes"] <= r["staging_cap_bytes"] and r["layers"] == 64
     assert r["layer_first_default"] == "vectored"
     assert data["load"]["pages"] == 300 and len(data["load"]["open_load_s"]) == 2
@@ -69,7 +77,8 @@ def test_bench_without_fio_says_so_and_keeps_its_own_references(tmp_path):
     assert "fio absent: fio not found" in stdout and "ratios are to the bench's own raw reference only" in stdout
     assert "vs fio" not in stdout and "reload page-first vs raw read" in stdout
     (r,) = data["results"]
-    assert "fio_read_gbps" not in r and r["fio"]["points"] == {"write": [None], "read": [None]}
+    assert "fio_read_gbps" not in r and r["fio"]["points"] == {"write": [None], "write_fresh": [None], "read": [None]}
+    assert len(r["spill_first_s"]) == len(r["spill_s"]) == 1  # both spill states, also without fio
 
 
 def test_a_reused_sweep_and_threads_from_fio(tmp_path, fake_fio):
@@ -87,7 +96,7 @@ def test_a_reused_sweep_and_threads_from_fio(tmp_path, fake_fio):
     assert r["reload_threads"] == 16 and r["io_threads"] == 4 and r["hash_helpers"] == 4
     assert "reload_layer_first_single_s" not in r  # --skip-alt-modes
     runs = [(c["name"], c["iodepth"]) for c in calls(log) if c["name"] in ("read", "write")]
-    assert runs == [("write", "16"), ("read", "16")]
+    assert runs == [("write", "16"), ("write", "16"), ("read", "16")]  # steady state, first fill, read
 
 
 def test_raw_read_xxh3_reads_into_the_host_pages_and_says_when_it_cannot(tmp_path):
@@ -150,3 +159,36 @@ def test_the_engine_and_its_bench_import_without_torch_or_sglang():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.splitlines()[-1]) == []
+
+
+def test_the_first_fill_pass_starts_from_punched_slots(tmp_path):
+    """The bench's first fill: after a clear, every slot of the slab is punched (its blocks go back to the file
+    system, so the next writes fill unwritten extents, as in a new slab); the store still takes and serves pages."""
+    import argparse
+
+    import numpy as np
+
+    from sglang_glm_ext.l3.tools import bench
+
+    page = 1 << 20
+    slot = bench.slot_bytes_for(page)
+    args = bench.add_arguments(argparse.ArgumentParser()).parse_args(["--dir", str(tmp_path)])
+    cfg = bench.store_config(str(tmp_path), 8, slot, args)
+    store = bench.L3Store.open(cfg, rank=0, namespace=bench.Namespace("b", "bf16", "page_first", 64, 0, 78, "b"),
+                               page_bytes={bench.KIND: page})
+    try:
+        src = [np.full(page, i, np.uint8) for i in range(8)]
+        keys = bench._keys(8, "t")
+        bench.spill_all(store, keys, src)
+        (st,) = store._kinds[bench.KIND].parts
+        if st.slab.held_bytes() < 8 * slot:
+            pytest.skip("the file system did not allocate the slab's blocks (no fallocate here)")
+        store.clear()
+        assert bench.unwritten_again(store)
+        if st.slab.held_bytes() >= 8 * slot:
+            pytest.skip("the file system cannot punch holes")
+        assert st.slab.held_bytes() < slot
+        bench.spill_all(store, keys, src)
+        assert store.exists(bench.KIND, keys) == 8
+    finally:
+        store.close()
