@@ -333,12 +333,17 @@ def spill_all(store: L3Store, keys: list[str], src: list[np.ndarray]) -> tuple[T
 
 
 def unwritten_again(store: L3Store) -> bool:
-    """Punch every slot of the (cleared) store's slabs: they read as zeros and their next writes fill unwritten
-    extents again, as in a new slab (a first fill). False where the engine under test has no way to (an older one)."""
+    """Punch every slot of the (cleared) store's slabs and preallocate them again, as the store makes a new slab:
+    their next writes fill unwritten extents (a first fill). False where the engine under test has no way to (an
+    older one) or the file system cannot punch."""
     try:
         parts = store._kinds[KIND].parts
-        return all(st.slab.punch(range(st.num_slots)) == st.num_slots for st in parts)
-    except (AttributeError, KeyError, TypeError):
+        for st in parts:
+            if st.slab.punch(range(st.num_slots)) != st.num_slots:
+                return False
+            st.slab.reserve(st.num_slots)
+        return True
+    except (AttributeError, KeyError, TypeError, OSError):
         return False
 
 

@@ -162,8 +162,9 @@ def test_the_engine_and_its_bench_import_without_torch_or_sglang():
 
 
 def test_the_first_fill_pass_starts_from_punched_slots(tmp_path):
-    """The bench's first fill: after a clear, every slot of the slab is punched (its blocks go back to the file
-    system, so the next writes fill unwritten extents, as in a new slab); the store still takes and serves pages."""
+    """The bench's first fill: after a clear, every slot of the slab is punched (its written blocks go back to the
+    file system) and preallocated again, as a new slab is (so the next writes fill unwritten extents); the store
+    still takes and serves pages."""
     import argparse
 
     import numpy as np
@@ -184,10 +185,14 @@ def test_the_first_fill_pass_starts_from_punched_slots(tmp_path):
         if st.slab.held_bytes() < 8 * slot:
             pytest.skip("the file system did not allocate the slab's blocks (no fallocate here)")
         store.clear()
-        assert bench.unwritten_again(store)
-        if st.slab.held_bytes() >= 8 * slot:
+        punched = []
+        real = st.slab.punch
+        st.slab.punch = lambda slots: punched.append(sorted(slots)) or real(punched[-1])
+        if not bench.unwritten_again(store):
             pytest.skip("the file system cannot punch holes")
-        assert st.slab.held_bytes() < slot
+        assert punched == [list(range(st.num_slots))] and st.slab.held_bytes() >= 8 * slot  # preallocated again
+        with open(st.slab.path, "rb") as f:
+            assert not any(f.read(slot))  # the old bytes are gone: the slot reads as zeros
         bench.spill_all(store, keys, src)
         assert store.exists(bench.KIND, keys) == 8
     finally:
