@@ -223,12 +223,19 @@ def test_a_full_disk_returns_every_slot_logs_each_change_once_and_writes_resume(
         noisy = [r for r in during if r.levelno >= logging.WARNING]
         assert 1 <= len(noisy) <= 4, [r.getMessage() for r in noisy]  # once per change of state, not per round
 
-        # Space comes back: the next writes are durable, and the change is logged once.
-        caplog.clear()
+        # Space comes back: the next writes are durable, and the log's last word on every path is that it resumed.
+        # (At the edge of full a path may flap: a recovery logged while still full, then a new episode inside the
+        # quiet gap that is not logged, nor is its end -- health.py. Either way the last line says "resumed".)
         d.make_room()
         ks = _spill_wave(store, n)
         assert store.exists(K, ks, include_staged=False) == WAVE
-        assert any("resumed" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+        last = {}
+        for r in caplog.records:
+            m = r.getMessage()
+            for what in ("slab writes", "index commits"):
+                if f": {what} " in m and ("failing" in m or "resumed" in m):
+                    last[what] = "resumed" if "resumed" in m else "failing"
+        assert last and set(last.values()) == {"resumed"}, [r.getMessage() for r in caplog.records]
         assert not store.stats()["write_path_failing"]
         assert store.stats()["slots"]["target_kv"]["used"] == _live_entries(store)
         # Pages durable before the disk filled are byte-exact wherever GC kept them.

@@ -178,7 +178,9 @@ def _assert_survived(trials):
     bad = [(k, o, err[-600:]) for k, o, _, err in trials if o != "ok"]
     assert not bad, f"{len(bad)} of {len(trials)} trials did not end ok; first: {bad[:2]}"
     assert all(info["wrong"] == 0 for _, _, info, _ in trials), "a page was served with wrong bytes"
-    assert all(info["new_hits"] == 32 for _, _, info, _ in trials), "the opened index did not take new pages"
+    assert all(info["new_hits"] == 32 for _, _, info, _ in trials), \
+        ("the opened index did not take new pages", [(k, info, err[-800:]) for k, _, info, err in trials
+                                                     if info["new_hits"] != 32])
     # The next restart finds a sound file (a repaired index is not repaired again, nor moved aside again).
     assert all(info["again"] == "verified" for _, _, info, _ in trials), [i["again"] for _, _, i, _ in trials]
     salvaged = [info for _, _, info, _ in trials if info["action"] == "salvaged"]
