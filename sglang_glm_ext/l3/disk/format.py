@@ -71,6 +71,7 @@ _KNOWN_FLAGS = 0
 
 _HEADER = struct.Struct("<8sHBBI32sQQ16sQ32s")
 _CHECKSUM = struct.Struct("<Q")
+_HEADER_ALL = struct.Struct(_HEADER.format + "Q")  # the header and its checksum: one unpack on the read path
 _CHECKSUMMED = _HEADER.size  # bytes covered by the header checksum
 assert _CHECKSUMMED + _CHECKSUM.size == HEADER_SIZE
 _VERSION_AT = struct.Struct("<8sH")  # the frozen prefix: lets this reader name a newer blob "unknown_version"
@@ -390,23 +391,24 @@ def parse_header_reason(buf) -> "tuple[BlobHeader | None, BlobCheck]":
     header-alone :class:`BlobCheck` values. A v1 header given here is ``old_version``. Never raises on bad bytes."""
     if buf is None:
         return None, BlobCheck.EMPTY
-    try:
-        mv = byte_view(buf)
-    except (TypeError, ValueError):
+    if type(buf) is bytes:  # a reload's trailer: no view to make (this runs once per page reloaded)
+        raw = buf
+    else:
+        try:
+            raw = byte_view(buf)
+        except (TypeError, ValueError):
+            return None, BlobCheck.SHORT
+    if len(raw) < HEADER_SIZE:
         return None, BlobCheck.SHORT
-    if len(mv) < HEADER_SIZE:
-        return None, BlobCheck.SHORT
-    raw = mv[:HEADER_SIZE]
-    magic, version = _VERSION_AT.unpack_from(raw, 0)
+    magic, version, kind_byte, reserved8, flags, chash, plen, pcsum, nsd, slot, reserved, stored = \
+        _HEADER_ALL.unpack_from(raw, 0)
     if magic != MAGIC:
-        return None, BlobCheck.EMPTY if not any(raw) else BlobCheck.BAD_MAGIC
+        return None, BlobCheck.EMPTY if not any(raw[:HEADER_SIZE]) else BlobCheck.BAD_MAGIC
     if version != FORMAT_VERSION:
         return None, BlobCheck.OLD_VERSION if version in OLD_FORMAT_VERSIONS else BlobCheck.UNKNOWN_VERSION
-    (stored,) = _CHECKSUM.unpack_from(raw, _CHECKSUMMED)
     if stored != _header_checksum(raw):
         return None, BlobCheck.HEADER_CHECKSUM
-    _, _, kind_byte, reserved8, flags, chash, plen, pcsum, nsd, slot, reserved = _HEADER.unpack_from(raw, 0)
-    kind = PayloadKind.from_byte(kind_byte)
+    kind = _KIND_BY_VALUE.get(kind_byte)
     if kind is None:
         return None, BlobCheck.UNKNOWN_KIND
     if flags & _MUST_UNDERSTAND_FLAGS & ~_KNOWN_FLAGS:
@@ -433,11 +435,12 @@ def check_header(header: BlobHeader, *, kind, content_hash, ns_digest: bytes, pa
                  slot_bytes: "int | None") -> BlobCheck:
     """Does a parsed header name exactly the page asked for, in a slot of this size? (The payload is checked
     separately, where it landed.) A caller bug (an unparseable kind or key) raises."""
-    if header.kind != PayloadKind.parse(kind):
+    if header.kind != (kind if type(kind) is PayloadKind else PayloadKind.parse(kind)):
         return BlobCheck.KIND_MISMATCH
-    if header.content_hash != key_to_bytes(content_hash):
+    if header.content_hash != (content_hash if type(content_hash) is bytes and len(content_hash) == HASH_BYTES
+                               else key_to_bytes(content_hash)):
         return BlobCheck.HASH_MISMATCH
-    if header.ns_digest != bytes(ns_digest):
+    if header.ns_digest != (ns_digest if type(ns_digest) is bytes else bytes(ns_digest)):
         return BlobCheck.NAMESPACE_MISMATCH
     if payload_len is not None and header.payload_len != payload_len:
         return BlobCheck.LENGTH_MISMATCH
