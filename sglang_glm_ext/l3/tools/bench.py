@@ -7,9 +7,9 @@ size (``--size-gb``, default 2), the median of ``--repeats`` (>= 3) runs of:
 * raw O_DIRECT sequential write of the same slot-sized transfers (same thread count as the store's I/O pool),
   one fdatasync at the end                                          -> the reference for spill
 * L3 spill -> durable: ``spill`` of every page (retrying pages the bounded staging refused) until ``flush``, twice
-  per repeat: a first fill (every slot punched first, so each write fills an unwritten extent, as in a new slab)
-  and again over the slots just written (a slab in steady state). On ext4 the first costs 25-35 % more, for fio
-  as for the store (issue 28): each is paired with fio in the same state (below)
+  per repeat: a first fill (every slot punched and preallocated again, so each write fills an unwritten extent, as
+  in a new slab) and again over the slots just written (a slab in steady state). On ext4 the first costs 25-35 %
+  more, for fio as for the store (issue 28): each is paired with fio in the same state (below)
 * raw O_DIRECT read of the same slots into a ring of aligned buffers as large as the host pool, no copy (same
   thread count as the reload pool)                                  -> the throughput reference for reload
 * raw O_DIRECT read straight into the host page's own bytes (page-first: the page; layer-first: each layer's
@@ -662,8 +662,9 @@ def render(results: list[dict], load: "dict | None", args, failed: "list[str] | 
         p = r["page_bytes"]
         # The raw write fills a file just preallocated: it pairs with the store's first fill where the bench has one.
         first = "spill_first" if r.get("spill_first_gbps") else "spill"
+        label = "spill (first fill)" if first == "spill_first" else "spill"
         q = r[f"{first}_gbps"] / r["raw_write_gbps"]
-        row(p, f"{'spill (first fill)' if first != 'spill' else 'spill'}->durable vs raw O_DIRECT write",
+        row(p, f"{label}->durable vs raw O_DIRECT write",
             f"{r[f'{first}_gbps']:.2f}GB/s", f"{r['raw_write_gbps']:.2f}GB/s", f"{q:.2f}x", ">=0.8x", _pass(q >= 0.8))
         row(p, "  CPU: spill vs raw write", f"{r[f'{first}_cpu_s_per_gb']:.3f}s/GB",
             f"{r['raw_write_cpu_s_per_gb']:.3f}s/GB", f"{r[f'{first}_cpu_s_per_gb'] / r['raw_write_cpu_s_per_gb']:.2f}x",

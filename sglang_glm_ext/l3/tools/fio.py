@@ -5,8 +5,9 @@ A small sweep of (iodepth x numjobs) points at one block size, each one fio proc
 * ``kind="write"``: sequential O_DIRECT write, each job its own contiguous region of the file
   (``--offset_increment``), ``--end_fsync=1`` (the number means durable, like a spill) -- the reference for spill.
   A sweep point runs for a time over a file it keeps, so it measures writes over blocks already written; ``point(...,
-  fresh=True)`` is the same point as ONE pass over a file just preallocated (``posix_fallocate``, as the store makes
-  its slabs): on ext4 every such write also converts an unwritten extent, which costs 25-35 % here (issue 28);
+  fresh=True)`` is the same point as ONE pass over a file just preallocated (``posix_fallocate``; the store's slabs
+  use fallocate(2) mode 0, the same unwritten extents on ext4 / xfs): on ext4 every such write also converts an
+  unwritten extent, which costs 25-35 % here (issue 28);
 * ``kind="read"``: random O_DIRECT read of whole blocks over the file, shared by all jobs (a reload reads scattered
   slots) -- the reference for reload.
 
@@ -160,6 +161,8 @@ def point(fio: str, kind: str, block_bytes: int, path: str, file_bytes: int, sec
     bench pairs each spill and reload with fio's best point, so a disk whose speed drifts biases neither).
     ``fresh`` (writes): ``path`` is replaced by a file of ``file_bytes`` just preallocated, written once (no time
     limit), then removed: a first fill, like a new slab's (module docstring)."""
+    if fresh and kind != "write":
+        raise ValueError("fresh=True is a first fill: writes only")
     args = [f"--name={kind}", *_common(path, block_bytes, engine), f"--iodepth={iodepth}", f"--numjobs={numjobs}"]
     if not fresh:
         args += [f"--runtime={seconds}", "--time_based"]

@@ -102,3 +102,10 @@ def test_a_real_fio_sweep_on_this_disk(tmp_path):
     assert res is not None, why
     assert res["gbps"] > 0 and res["engine"] in fio.ENGINES and all(r.get("cpu_s_per_gb") for r in res["table"])
 
+
+
+def test_a_fresh_point_is_a_write(tmp_path):
+    """``fresh`` means a first fill of a new file: asked of a read, it is refused before fio runs or a file is made."""
+    with pytest.raises(ValueError, match="writes only"):
+        fio.point("/nonexistent/fio", "read", 4096, str(tmp_path / "f"), 1 << 20, 1.0, "psync", 1, 1, fresh=True)
+    assert not (tmp_path / "f").exists()
