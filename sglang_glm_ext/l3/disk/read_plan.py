@@ -44,6 +44,8 @@ class ReadPlan(NamedTuple):
     align: DioAlignment  # what the plan was made for (a reader that falls back re-plans)
     span_segments: "tuple | None"  # where each span is exactly one direct segment: those segments' indices, in
     #                                span order (the checksum then runs over the read's own views); else None
+    tail: "tuple | None"  # where those are the plan's first segments (the spans, whole, then bounce only): the
+    #                       segments after them (pad and header), so a reader builds the spans' views in one go
 
 
 def _up(n: int, a: int) -> int:
@@ -89,11 +91,13 @@ def plan_read(lengths: tuple, mods: tuple, slot_bytes: int, align: DioAlignment,
             r += 1
         copies.append((i, off, regions[r][2] + start - regions[r][0], n))
     last = regions[-1]  # the header is after the payload, so never in a direct segment
-    whole = None
+    whole = tail = None
     if not copies and len(direct) == len(lengths):
         whole = tuple(j for j, seg in enumerate(segments) if seg[0] >= 0)
+        if whole[-1] == len(whole) - 1:
+            tail = tuple(segments[len(whole):])
     return ReadPlan(tuple(segments), tuple(copies), last[2] + slot_bytes - HEADER_SIZE - last[0], max(at, mem),
-                    sum(d[3] for d in direct), payload, align, whole)
+                    sum(d[3] for d in direct), payload, align, whole, tail)
 
 
 def period(strides: Sequence[int], mem: int) -> int:

@@ -208,7 +208,7 @@ class SlabReader:
         seg = plan.span_segments
         if seg is None:
             pieces = spans.pieces()
-        elif seg[-1] == len(seg) - 1:  # the spans are the plan's first segments (page- and layer-first, aligned)
+        elif plan.tail is not None:  # the spans are the plan's first segments (page- and layer-first, aligned)
             pieces = iov[:len(seg)]
         else:
             pieces = [iov[j] for j in seg]
@@ -217,7 +217,13 @@ class SlabReader:
     def _run(self, plan: ReadPlan, spans, bounce: AlignedBuffer, offset: int) -> list:
         if len(bounce) < plan.bounce_bytes or bounce.address % self.align.mem:
             raise ValueError(f"bounce buffer must be {self.align.mem} B-aligned and >= {plan.bounce_bytes} B")
-        views, starts, bv = spans.views, spans.starts, bounce.view
+        bv = bounce.view
+        if plan.tail is not None:  # the common case: each span whole and direct, then the pad and the header
+            iov = spans.pieces()
+            iov += [bv[at:at + n] for _, _, at, n in plan.tail]
+            self._readv(iov, offset, plan.align)
+            return iov
+        views, starts = spans.views, spans.starts
         iov = [views[i][starts[i] + off:starts[i] + off + n] if i >= 0 else bv[at:at + n]
                for i, off, at, n in plan.segments]
         self._readv(iov, offset, plan.align)

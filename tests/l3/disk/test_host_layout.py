@@ -1,11 +1,13 @@
 """Host page layouts: gather/scatter are byte-exact for page-first and (split) layer-first pools, and bounded."""
 
+import ctypes
+
 import numpy as np
 import pytest
 
 from sglang_glm_ext.l3.disk import format as F
 from sglang_glm_ext.l3.disk.aligned import AlignedBuffer
-from sglang_glm_ext.l3.disk.host_layout import PageLayout
+from sglang_glm_ext.l3.disk.host_layout import PageLayout, Slice, _region
 
 RNG = np.random.default_rng(5)
 
@@ -146,3 +148,35 @@ def test_read_only_buffers_refuse_writes():
     rw = PageLayout.page_first(rand(400), page_bytes=100, num_pages=4)
     with pytest.raises(ValueError, match="read-only"):
         rw.gather_into(0, bytes(100))
+
+
+def _spans_by_hand(layout, p):
+    return [ctypes.string_at(s.region.address + s.offset + p * s.stride, s.length) for s in layout.slices]
+
+
+@pytest.mark.parametrize("shape", ["page_first", "layer_first", "split", "mixed"])
+def test_page_spans_name_each_pages_own_bytes(shape):
+    """What a reload reads into and hashes: page p's pieces are its slices' bytes, in slice order, for the layouts
+    whose slices share one stride and length (one slice object for all) and for one whose slices do not."""
+    pages = 5
+    bufs = [AlignedBuffer(1 << 16), AlignedBuffer(1 << 16)]
+    for b in bufs:
+        b.view[:] = rand(len(b.view)).tobytes()
+    if shape == "page_first":
+        layout = PageLayout.page_first(bufs[0], page_bytes=3000, num_pages=pages)
+    elif shape == "layer_first":
+        layout = PageLayout.layer_first(bufs[0], n_layers=4, slice_bytes=1000, num_pages=pages)
+    elif shape == "split":
+        layout = PageLayout.layer_first(bufs, n_layers=4, slice_bytes=1000, num_pages=pages, layers_per_buffer=[1, 3])
+    else:  # slices of different lengths and strides (no factory makes one; the general path must still be exact)
+        layout = PageLayout([Slice(_region(bufs[0]), 100, 700, 600), Slice(_region(bufs[1]), 4096, 2048, 1500)],
+                            pages)
+    for p in range(pages):
+        spans = layout.page_spans(p)
+        assert (spans.same is None) == (shape == "mixed")
+        pieces = spans.pieces()
+        assert [bytes(v) for v in pieces] == _spans_by_hand(layout, p)
+        assert [len(v) for v in pieces] == list(spans.lengths)
+        assert all(not v.readonly for v in pieces)
+        if spans.same is not None:
+            assert list(spans.starts) == [spans.same.start] * len(pieces)

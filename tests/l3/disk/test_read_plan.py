@@ -45,6 +45,13 @@ def check(lengths, addrs, slot_bytes, align, vectored, mem_size, seed=0):
         at += n
     assert np.array_equal(mem, want)  # each span exact; every other byte (neighbours, gaps) untouched
     assert bytes(bounce[plan.trailer_at:plan.trailer_at + HEADER_SIZE]) == slot[-HEADER_SIZE:].tobytes()
+    # The reader's fast path (plan.tail): the spans, each whole and direct, are the first segments in span order,
+    # then bounce segments only. Offered exactly when that holds, and then the same as the segments.
+    whole = [(i, 0, -1, n) for i, n in enumerate(lengths)]
+    lead = list(plan.segments[:len(lengths)]) == whole and all(i < 0 for i, *_ in plan.segments[len(lengths):])
+    assert (plan.tail is not None) == lead
+    if lead:
+        assert plan.segments == tuple(whole) + plan.tail and plan.span_segments == tuple(range(len(lengths)))
     return plan
 
 
