@@ -36,9 +36,11 @@ sound branch pages and inside their parent's key bounds; plus, when the free lis
 neither reachable nor free (at rest every page is one or the other: such a leaf was live until a pointer to it was
 damaged). Never a page the freeDB names (an old copy of a leaf: it holds entries a ``clear``, ``free`` or GC deleted,
 and such a blob still verifies byte-exact, so nothing downstream could catch its return), never a page reached
-twice, never the older meta's snapshot. Which meta is the newest is decided by what the trees say (a commit's own
-freed pages are its freeDB's highest record, keyed by its txnid), not by a txnid field a flip may have changed; when
-it cannot be established, nothing is kept. Slabs are never scanned to rebuild entries: a slot's header has no epoch,
+twice, never the older meta's snapshot. Which meta is the newest is decided by two witnesses per page that no one flip
+can both change -- its txnid field and what its trees say (a commit's own freed pages are its freeDB's highest
+record, keyed by its txnid) -- paired across the two pages as LMDB writes them (commit ``t`` on page ``t & 1``, the
+pages holding consecutive commits), also for a page whose flags, magic or version a flip changed; when no pairing or
+more than one names a page, it is not established and nothing is kept (:func:`_newest_meta`). Slabs are never scanned to rebuild entries: a slot's header has no epoch,
 so a blob a ``clear`` dropped is indistinguishable from a live one (l3_design.md, "A damaged index").
 
 Entries stay pointers: every reload verifies the slot's header (kind, content hash, namespace + deployment digest)
@@ -206,7 +208,9 @@ class _File:
         os.close(self.fd)
 
 
-def _metas(f: _File) -> list:
+def _metas(f: _File, every: bool = False) -> list:
+    """The meta pages LMDB would accept (flags, magic, version), each a dict of its fields; ``every``: both pages,
+    each marked ``valid`` or not (a salvage may still read the fields of a page whose magic a flip changed)."""
     out = []
     head = f.read(16 + 136, 0)
     if len(head) < 16 + 136:
@@ -221,7 +225,8 @@ def _metas(f: _File) -> list:
             continue
         pgno, _pad, flags, _lo, _up = _PAGE.unpack_from(raw, 0)
         magic, version, addr, mapsize = _META.unpack_from(raw, 16)
-        if not flags & _P_META or magic != _MAGIC or version != 1:
+        valid = bool(flags & _P_META) and magic == _MAGIC and version == 1
+        if not valid and not every:
             continue
         free = _DB.unpack_from(raw, 16 + 24)
         main = _DB.unpack_from(raw, 16 + 24 + 48)
@@ -230,7 +235,7 @@ def _metas(f: _File) -> list:
         # not make this process allocate terabytes); "last_pg_claimed" keeps what the meta said.
         out.append({"slot": i, "free": free, "main": main, "last_pg": min(last_pg, max(1, f.size // psize - 1)),
                     "last_pg_claimed": last_pg, "txnid": txnid, "pgno": pgno, "flags": flags, "addr": addr,
-                    "mapsize": mapsize})
+                    "mapsize": mapsize, "valid": valid})
     return out
 
 
@@ -474,22 +479,33 @@ def _meta_problems(ms: list, f: _File) -> "list[str]":
     return out
 
 def _newest_meta(f: _File, ms: list, info: dict) -> "dict | None":
-    """For a salvage: the meta of the newest commit by what its trees say, not by its (perhaps flipped) txnid field.
-    A commit's own freed pages are its freeDB's highest record, keyed by its txnid, so a meta whose freeDB walks clean
-    has a true txnid = its freeDB's highest key. The newest is the one with the highest true txnid -- if every
-    valid meta's true txnid is known (else the one LMDB would pick, which the caller then has to prove itself). A
-    txnid raised by a flip thus neither rolls the index back one commit (LMDB would) nor costs the whole index."""
-    known = []
+    """For a salvage: the meta page of the newest commit, established from two witnesses per page that no single
+    flip can both change -- its txnid field and what its trees say (a commit's own freed pages are its freeDB's
+    highest record, keyed by its txnid) -- and from how LMDB writes them: commit ``t`` goes to page ``t & 1``, and the
+    two pages hold consecutive commits. Each page's candidates are its witnesses of its parity; the newest is the
+    page that every consecutive pairing of candidates names. Where no pairing exists, or two name different pages,
+    it is not established: None (nothing is kept; a rollback of one commit would bring its deletes back). So a
+    txnid field a flip raised or lowered, a freeDB key a flip raised, and a newest page whose magic or version a flip
+    changed (LMDB itself would take the older page) all still give the newest commit. ``ms``: both pages
+    (``_metas(f, every=True)``)."""
+    if len(ms) != 2:
+        return None
+    cands = {}
     for m in ms:
         _, keys, prob = _free_pages(f, m)
-        if prob or not keys:
-            return None
-        known.append((max(keys), m))
-    t, m = max(known, key=lambda x: x[0])
+        tree = max(keys) if keys and not prob else None
+        cands[m["slot"]] = {t for t in (m["txnid"], tree) if t and t & 1 == m["slot"]}
+    named = {(0, a) if a > b else (1, b) for a in cands.get(0, ()) for b in cands.get(1, ()) if abs(a - b) == 1}
+    if len({slot for slot, _ in named}) != 1 or len(named) != 1:
+        return None
+    (slot, t), = named
+    m = next(m for m in ms if m["slot"] == slot)
     if t != m["txnid"]:
-        info["problems"].append(f"meta {m['slot']} claims txnid {m['txnid']}, its trees say {t}: using it as {t}")
-        m = dict(m, txnid=t)
-    return m
+        info["problems"].append(f"meta {slot} claims txnid {m['txnid']}, its trees say {t}: using it as {t}")
+    if not m["valid"]:
+        info["problems"].append(f"meta {slot} (txnid {t}, the newest) has its flags, magic or version off: its "
+                                f"trees are used")
+    return dict(m, txnid=t)
 
 
 def salvage_records(data_path: str, collect: bool = True) -> "tuple[list[tuple[bytes, bytes]], dict]":
@@ -505,15 +521,20 @@ def salvage_records(data_path: str, collect: bool = True) -> "tuple[list[tuple[b
     info: dict = {"claimed": 0, "problems": [], "walked": 0, "adopted": 0}
     f = _File(data_path)
     try:
-        ms = _metas(f)
-        if not ms:
-            info["problems"].append("no valid meta page")
-            return [], info
-        m = max(ms, key=lambda x: x["txnid"])
+        ms = _metas(f, every=True)
+        valid = [x for x in ms if x["valid"]]
         if not collect:
-            info["problems"] += _meta_problems(ms, f)
+            if not valid:
+                info["problems"].append("no valid meta page")
+                return [], info
+            m = max(valid, key=lambda x: x["txnid"])  # the page LMDB's open picks
+            info["problems"] += _meta_problems(valid, f)
         else:
-            m = _newest_meta(f, ms, info) or m
+            m = _newest_meta(f, ms, info)
+            if m is None:
+                info["problems"].append("which meta page holds the newest commit cannot be established (txnid fields "
+                                        "and trees disagree): nothing is proven")
+                return [], info
         if m["last_pg_claimed"] != m["last_pg"]:
             info["problems"].append("the committed meta names pages past the end of the file (truncated, or a "
                                     "damaged meta): what lies beyond is lost")

@@ -385,6 +385,107 @@ def test_a_flipped_meta_txnid_neither_rolls_the_index_back_nor_loses_it(tmp_path
         ix.close()
 
 
+def _last_deleted(tmp_path, n=2000):
+    """An index whose last commit deleted 100 entries: its older meta page is the snapshot that still has them."""
+    path = tmp_path / "idx"
+    ix, dep, items = _filled(path, n, batches=1000)
+    assert ix.delete_if(items[:100]) == [True] * 100  # the last commit
+    ix.close()
+    f = index_check._File(str(path / "data.mdb"))
+    ms = sorted(index_check._metas(f), key=lambda x: x["txnid"])
+    f.close()
+    assert len(ms) == 2 and ms[1]["txnid"] == ms[0]["txnid"] + 1
+    return path, dep, items, ms[1], ms[0]
+
+
+def _kept_after_open(path, dep):
+    """Open through the guard (a damaged file is salvaged): the deployment's keys the index then holds."""
+    ix = L3Index.open(str(path), 2**24)
+    try:
+        return {k for k, _ in ix.scan(dep).items}, ix.verdict.action
+    finally:
+        ix.close()
+
+
+@pytest.mark.parametrize("field,offset", [("flags", 10), ("magic", 16), ("version", 20)])
+def test_a_newest_meta_page_lmdb_would_reject_does_not_roll_the_index_back(tmp_path, field, offset):
+    """A flip in the newest meta page's flags, magic or version: LMDB refuses the file (MDB_INVALID, or another data
+    format), so the guard salvages -- and the salvage used to take the one page left, the older snapshot, bringing
+    the last commit's deletes back. It reads that page's fields anyway: its txnid and its trees agree and pair with
+    the older page's, so the newest commit is what is kept, all of it and nothing it deleted."""
+    path, dep, items, newest, _ = _last_deleted(tmp_path)
+    with open(path / "data.mdb", "r+b") as fh:
+        at = newest["slot"] * 4096 + offset
+        fh.seek(at)
+        b = fh.read(1)[0]
+        fh.seek(at)
+        fh.write(bytes([b ^ (0x08 if field == "flags" else 0x40)]))  # flags: the P_META bit itself
+    assert not index_check.check_index(str(path))[0]
+    kept, action = _kept_after_open(path, dep)
+    assert action == "salvaged" and kept == {k for k, _ in items[100:]}
+
+
+def _last_key_at(f, root, depth):
+    """File offset of the last key of the tree under ``root`` (LMDB 0.9 nodes: key at node + 8)."""
+    pg = root
+    for _ in range(depth - 1):  # the last child down to the leaf
+        buf = f.page(pg)
+        n = (struct.unpack_from("<H", buf, 12)[0] - 16) >> 1
+        o = struct.unpack_from("<H", buf, 16 + 2 * (n - 1))[0]
+        lo, hi, fl = struct.unpack_from("<HHH", buf, o)
+        pg = lo | hi << 16 | fl << 32
+    buf = f.page(pg)
+    n = (struct.unpack_from("<H", buf, 12)[0] - 16) >> 1
+    return pg * f.psize + struct.unpack_from("<H", buf, 16 + 2 * (n - 1))[0] + 8
+
+
+def test_a_raised_freedb_key_in_the_older_snapshot_does_not_make_it_the_newest(tmp_path):
+    """The older page's trees say its txnid is its freeDB's highest key. A flip that raises that key (its parity
+    kept) made the salvage take the older snapshot for the newest and bring the last commit's deletes back (found by
+    the sweep above at 200 trials). Its txnid field still says older, and pairs with the newest page's: the newest
+    commit is kept. The index is also damaged where the check looks (a branch pointer cut), so the open salvages."""
+    path, dep, items, newest, older = _last_deleted(tmp_path)
+    data = path / "data.mdb"
+    f = index_check._File(str(data))
+    key_at = _last_key_at(f, older["free"][7], older["free"][2])
+    assert int.from_bytes(f.read(8, key_at), "little") == older["txnid"]
+    db = _pages_db(f, newest)
+    buf = bytearray(f.page(db[7]))
+    f.close()
+    with open(data, "r+b") as fh:
+        fh.seek(key_at + 2)
+        fh.write(b"\x60")  # txnid + 0x600000: still the older freeDB's highest key, same parity
+    assert buf[10] == 0x01
+    n = (struct.unpack_from("<H", buf, 12)[0] - 16) >> 1
+    o = struct.unpack_from("<H", buf, 16 + 2 * (n // 2))[0]
+    struct.pack_into("<HHH", buf, o, 0xFFFF, 0xFFFF, 0x7FFF)  # a child far past the end: the check fails
+    _poke_page(data, db[7], buf)
+    assert not index_check.check_index(str(path))[0]
+    records, info = index_check.salvage_records(str(data))
+    assert not {k for k, _ in items[:100]} & {k for k, _ in records}, info["problems"][:3]
+    kept, action = _kept_after_open(path, dep)
+    assert action == "salvaged" and kept == {k for k, _ in items[100:]}  # the cut subtree's leaves adopted
+
+
+def test_when_the_metas_cannot_say_which_commit_is_newest_nothing_is_kept(tmp_path):
+    """Both witnesses of a page in doubt and no consecutive pairing left: no snapshot is taken for the newest (the
+    older one would bring deletes back), so nothing is kept -- misses, never a rollback."""
+    path, dep, items, newest, older = _last_deleted(tmp_path)
+    data = path / "data.mdb"
+    f = index_check._File(str(data))
+    key_at = _last_key_at(f, newest["free"][7], newest["free"][2])
+    f.close()
+    with open(data, "r+b") as fh:
+        fh.seek(newest["slot"] * 4096 + 16 + 24 + 96 + 8)
+        fh.write(struct.pack("<Q", older["txnid"] + 4))  # the field: not consecutive with the older page
+        fh.seek(key_at + 2)
+        fh.write(b"\x60")  # and the trees' txnid raised: neither witness pairs with the older page
+    records, info = index_check.salvage_records(str(data))
+    assert records == [] and any("cannot be established" in p for p in info["problems"]), info["problems"]
+    kept, action = _kept_after_open(path, dep)
+    assert action == "salvaged" and kept == set()
+
+
 def test_a_read_only_open_refuses_a_damaged_index_and_changes_nothing(tmp_path):
     """doctor and ls open read-only: they may not replace the node's index, so they refuse with the findings and
     what a salvage would keep, and the file stays byte for byte."""
