@@ -494,7 +494,8 @@ def _newest_meta(f: _File, ms: list, info: dict) -> "dict | None":
     for m in ms:
         _, keys, prob = _free_pages(f, m)
         tree = max(keys) if keys and not prob else None
-        cands[m["slot"]] = {t for t in (m["txnid"], tree) if t and t & 1 == m["slot"]}
+        # txnid 0 is the environment LMDB created (both pages, before any commit): a candidate of page 0 only
+        cands[m["slot"]] = {t for t in (m["txnid"], tree) if t is not None and t & 1 == m["slot"]}
     named = {(0, a) if a > b else (1, b) for a in cands.get(0, ()) for b in cands.get(1, ()) if abs(a - b) == 1}
     if len({slot for slot, _ in named}) != 1 or len(named) != 1:
         return None

@@ -467,6 +467,27 @@ def test_a_raised_freedb_key_in_the_older_snapshot_does_not_make_it_the_newest(t
     assert action == "salvaged" and kept == {k for k, _ in items[100:]}  # the cut subtree's leaves adopted
 
 
+def test_an_index_with_one_commit_is_salvaged_whole(tmp_path):
+    """An environment with one commit has txnid 1 on page 1 and page 0 still as LMDB created it (txnid 0): the
+    pages pair as (0, 1), so its records are provable (txnid 0 is page 0's own parity)."""
+    import lmdb
+
+    path = tmp_path / "idx"
+    ix, dep, items = _filled(path, 500)
+    ix.close()
+    records, _ = index_check.salvage_records(str(path / "data.mdb"))
+    one = tmp_path / "one"
+    env = lmdb.open(str(one), subdir=True, map_size=2**24, max_dbs=4)
+    with env.begin(write=True) as txn:  # the DB and its records in one commit
+        txn.cursor(env.open_db(b"pages", txn=txn, create=True)).putmulti(records, append=True)
+    env.close()
+    f = index_check._File(str(one / "data.mdb"))
+    assert sorted((m["slot"], m["txnid"]) for m in index_check._metas(f)) == [(0, 0), (1, 1)]
+    f.close()
+    again, info = index_check.salvage_records(str(one / "data.mdb"))
+    assert again == records and len(again) == 500, info["problems"]
+
+
 def test_when_the_metas_cannot_say_which_commit_is_newest_nothing_is_kept(tmp_path):
     """Both witnesses of a page in doubt and no consecutive pairing left: no snapshot is taken for the newest (the
     older one would bring deletes back), so nothing is kept -- misses, never a rollback."""
