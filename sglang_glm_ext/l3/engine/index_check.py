@@ -36,12 +36,13 @@ sound branch pages and inside their parent's key bounds; plus, when the free lis
 neither reachable nor free (at rest every page is one or the other: such a leaf was live until a pointer to it was
 damaged). Never a page the freeDB names (an old copy of a leaf: it holds entries a ``clear``, ``free`` or GC deleted,
 and such a blob still verifies byte-exact, so nothing downstream could catch its return), never a page reached
-twice, never the older meta's snapshot. Which meta is the newest is decided by two witnesses per page that no one flip
-can both change -- its txnid field and what its trees say (a commit's own freed pages are its freeDB's highest
+twice, never the older meta's snapshot. Which meta is the newest is decided by two witnesses per page that no one
+flip can both change -- its txnid field and what its trees say (a commit's own freed pages are its freeDB's highest
 record, keyed by its txnid) -- paired across the two pages as LMDB writes them (commit ``t`` on page ``t & 1``, the
-pages holding consecutive commits), also for a page whose flags, magic or version a flip changed; when no pairing or
-more than one names a page, it is not established and nothing is kept (:func:`_newest_meta`). Slabs are never scanned to rebuild entries: a slot's header has no epoch,
-so a blob a ``clear`` dropped is indistinguishable from a live one (l3_design.md, "A damaged index").
+pages holding consecutive commits), also for a page whose flags, magic or version a flip changed; when no pairing,
+or more than one, names a page, it is not established and nothing is kept (:func:`_newest_meta`). Slabs are never
+scanned to rebuild entries: a slot's header has no epoch, so a blob a ``clear`` dropped is indistinguishable from a
+live one (l3_design.md, "A damaged index").
 
 Entries stay pointers: every reload verifies the slot's header (kind, content hash, namespace + deployment digest)
 and the payload checksum, so a damaged entry that survived is a miss, never wrong bytes.
@@ -485,9 +486,9 @@ def _newest_meta(f: _File, ms: list, info: dict) -> "dict | None":
     two pages hold consecutive commits. Each page's candidates are its witnesses of its parity; the newest is the
     page that every consecutive pairing of candidates names. Where no pairing exists, or two name different pages,
     it is not established: None (nothing is kept; a rollback of one commit would bring its deletes back). So a
-    txnid field a flip raised or lowered, a freeDB key a flip raised, and a newest page whose magic or version a flip
-    changed (LMDB itself would take the older page) all still give the newest commit. ``ms``: both pages
-    (``_metas(f, every=True)``)."""
+    txnid field a flip raised or lowered, a freeDB key a flip raised, and a newest page whose flags, magic or version
+    a flip changed (LMDB refuses that file; the one page it would accept is the older) all still give the newest
+    commit. ``ms``: both pages (``_metas(f, every=True)``)."""
     if len(ms) != 2:
         return None
     cands = {}
