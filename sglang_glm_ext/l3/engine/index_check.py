@@ -498,7 +498,7 @@ def _newest_meta(f: _File, ms: list, info: dict) -> "dict | None":
         # txnid 0 is the environment LMDB created (both pages, before any commit): a candidate of page 0 only
         cands[m["slot"]] = {t for t in (m["txnid"], tree) if t is not None and t & 1 == m["slot"]}
     named = {(0, a) if a > b else (1, b) for a in cands.get(0, ()) for b in cands.get(1, ()) if abs(a - b) == 1}
-    if len({slot for slot, _ in named}) != 1 or len(named) != 1:
+    if len(named) != 1:
         return None
     (slot, t), = named
     m = next(m for m in ms if m["slot"] == slot)

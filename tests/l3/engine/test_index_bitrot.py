@@ -354,37 +354,6 @@ def test_a_damaged_branch_pointer_loses_no_entry_its_orphaned_leaves_are_adopted
         ix.close()
 
 
-def test_a_flipped_meta_txnid_neither_rolls_the_index_back_nor_loses_it(tmp_path, monkeypatch):
-    """A flip that lowers the newest meta's txnid makes LMDB open the older snapshot: the last commit's deletes come
-    back (a silent rollback; asserted below as the negative control). The guard sees the metas disagree and salvages
-    the snapshot whose trees are newest."""
-    path = tmp_path / "idx"
-    ix, dep, items = _filled(path, 2000, batches=1000)
-    gone = {k for k, _ in items[:100]}
-    assert ix.delete_if(items[:100]) == [True] * 100  # the last commit
-    ix.close()
-    f = index_check._File(str(path / "data.mdb"))
-    newest = max(index_check._metas(f), key=lambda x: x["txnid"])
-    f.close()
-    with open(path / "data.mdb", "r+b") as fh:
-        fh.seek(newest["slot"] * 4096 + 16 + 24 + 96 + 8)
-        fh.write(struct.pack("<Q", newest["slot"]))  # txnid 0 / 1: lower than the older meta's
-    shutil.copytree(path, tmp_path / "unguarded")
-    monkeypatch.setattr(index_mod, "_UNGUARDED_FOR_TESTS", True)
-    ix = L3Index.open(str(tmp_path / "unguarded"), 2**24)
-    try:
-        assert gone <= {k for k, _ in ix.scan(dep).items}, "LMDB alone rolls back: the deletes are back"
-    finally:
-        ix.close()
-    monkeypatch.setattr(index_mod, "_UNGUARDED_FOR_TESTS", False)
-    ix = L3Index.open(str(path), 2**24)
-    try:
-        assert {k for k, _ in ix.scan(dep).items} == {k for k, _ in items[100:]}
-        assert ix.verdict.action == "salvaged"
-    finally:
-        ix.close()
-
-
 def _last_deleted(tmp_path, n=2000):
     """An index whose last commit deleted 100 entries: its older meta page is the snapshot that still has them."""
     path = tmp_path / "idx"
@@ -405,6 +374,27 @@ def _kept_after_open(path, dep):
         return {k for k, _ in ix.scan(dep).items}, ix.verdict.action
     finally:
         ix.close()
+
+
+def test_a_flipped_meta_txnid_neither_rolls_the_index_back_nor_loses_it(tmp_path, monkeypatch):
+    """A flip that lowers the newest meta's txnid makes LMDB open the older snapshot: the last commit's deletes come
+    back (a silent rollback; asserted below as the negative control). The guard sees the metas disagree and salvages
+    the snapshot whose trees are newest."""
+    path, dep, items, newest, _ = _last_deleted(tmp_path)
+    gone = {k for k, _ in items[:100]}
+    with open(path / "data.mdb", "r+b") as fh:
+        fh.seek(newest["slot"] * 4096 + 16 + 24 + 96 + 8)
+        fh.write(struct.pack("<Q", newest["slot"]))  # txnid 0 / 1: lower than the older meta's
+    shutil.copytree(path, tmp_path / "unguarded")
+    monkeypatch.setattr(index_mod, "_UNGUARDED_FOR_TESTS", True)
+    ix = L3Index.open(str(tmp_path / "unguarded"), 2**24)
+    try:
+        assert gone <= {k for k, _ in ix.scan(dep).items}, "LMDB alone rolls back: the deletes are back"
+    finally:
+        ix.close()
+    monkeypatch.setattr(index_mod, "_UNGUARDED_FOR_TESTS", False)
+    kept, action = _kept_after_open(path, dep)
+    assert action == "salvaged" and kept == {k for k, _ in items[100:]}
 
 
 @pytest.mark.parametrize("field,offset", [("flags", 10), ("magic", 16), ("version", 20)])
