@@ -93,6 +93,7 @@ ACK_MODES = ("write_behind", "durable")
 # Who writes a replicated (MLA/DSA) page under CP / attention TP (hicache/cp_writers.py): one owner per page among
 # the node's replicas ("spread", write bandwidth grows with the node's disks) or the node's first replica.
 WRITER_MODES = ("spread", "one_per_node")
+LAYER_FIRST_READS = ("vectored", "single")  # queues.layer_first_reads (L3Config.layer_first_reads)
 PLP_MODES = ("auto", "assume_safe", "assume_unsafe")
 DIRECT_MODES = ("auto", "on", "off")
 _KIND_NAMES = ("target_kv", "draft_kv", "index_k", "draft_index_k")
@@ -231,6 +232,11 @@ class L3Config:
     write_batch_pages: int = 32
     io_threads: int = 4
     reload_threads: int = 4
+    # How a layer-first page (one chunk per layer) comes off the disk: "vectored" (one O_DIRECT read straight into
+    # every chunk: the least CPU) | "single" (one transfer of the whole slot into a bounce buffer, then one copy into
+    # the chunks: a contiguous transfer, faster on a disk that slows down for scattered destinations, at the copy's
+    # CPU). `sglang-glm-ext l3 bench` measures both on the disk (docs_internal/l3_design.md, issue 28).
+    layer_first_reads: str = "vectored"
     payload_weights: Mapping[str, float] | None = None  # None = equal_slots
     writer_mode: str = "spread"  # replicated (MLA/DSA) pages under CP/TP: "spread" over the node's replicas | "one_per_node"
     source: str = field(default="<dict>", compare=False)
@@ -399,7 +405,8 @@ class L3Config:
         gc_budget = _pos_int(gc.get("budget_per_round", 64), "gc.budget_per_round")
 
         q = _get(data, "queues", "queues", Mapping, {})
-        qknown = ("staging_bytes", "max_inflight", "wait_ms", "write_batch_pages", "io_threads", "reload_threads")
+        qknown = ("staging_bytes", "max_inflight", "wait_ms", "write_batch_pages", "io_threads", "reload_threads",
+                  "layer_first_reads")
         for k in q:
             if k not in qknown:
                 raise L3ConfigError(f"queues.{k}: unknown key (known: {', '.join(qknown)})")
@@ -414,6 +421,10 @@ class L3Config:
         batch = _pos_int(q.get("write_batch_pages", 32), "queues.write_batch_pages")
         io_threads = _pos_int(q.get("io_threads", 4), "queues.io_threads")
         reload_threads = _pos_int(q.get("reload_threads", 4), "queues.reload_threads")
+        lf_reads = _get(q, "layer_first_reads", "queues.layer_first_reads", str, "vectored")
+        if lf_reads not in LAYER_FIRST_READS:
+            raise L3ConfigError(f"queues.layer_first_reads: unknown mode {lf_reads!r} (expected one of "
+                                f"{LAYER_FIRST_READS})")
 
         writers = _get(data, "writers", "writers", Mapping, {})
         for k in writers:
@@ -450,7 +461,7 @@ class L3Config:
             direct_io=direct, gc_start=gc_start, gc_stop=gc_stop, gc_budget_per_round=gc_budget,
             staging_bytes=staging, max_inflight=max_inflight, wait_ms=wait_ms, write_batch_pages=batch,
             io_threads=io_threads,
-            reload_threads=reload_threads, payload_weights=weights, writer_mode=writer_mode, source=source,
+            reload_threads=reload_threads, layer_first_reads=lf_reads, payload_weights=weights, writer_mode=writer_mode, source=source,
             test_write_delay_ms=_test_write_delay_ms(),
         )
 
@@ -589,6 +600,9 @@ wait_ms = 5000              # staging full: a write-back waits this long for roo
 write_batch_pages = 32
 io_threads = 4
 reload_threads = 4
+layer_first_reads = "vectored"  # layer-first pages: one read straight into every layer's chunk (least CPU) | "single"
+                                # (the slot in one transfer, then copied: faster where scattered reads are slow;
+                                # `sglang-glm-ext l3 bench` measures both on your disk)
 
 # Sidecar draft pools (non-NextN EAGLE) need every kind sized from the config alone (put payload_split above the
 # first table):

@@ -109,10 +109,33 @@ def test_bad_mapping_is_loud_with_key_path(tmp_path, ranks, needle):
     ({"queues": {"wait_ms": -1}}, "queues.wait_ms"),
     ({"queues": {"wait_ms": 1.5}}, "queues.wait_ms"),
     ({"ack": "durable", "queues": {"wait_ms": 0}}, "queues.wait_ms: ack = 'durable'"),
+    ({"queues": {"layer_first_reads": "bounce"}}, "queues.layer_first_reads: unknown mode"),
+    ({"queues": {"layer_first_reads": True}}, "queues.layer_first_reads: expected"),
 ])
 def test_every_bad_value_names_its_key(tmp_path, over, needle):
     with pytest.raises(L3ConfigError, match=needle):
         L3Config.from_dict(_base(tmp_path, **over))
+
+
+def test_layer_first_reads_default_to_vectored_and_reach_the_reload_path(tmp_path):
+    """queues.layer_first_reads picks how the store reads a layer-first page (engine/reload.py): its default is the
+    vectored read, and "single" reaches the store that the config opens."""
+    from sglang_glm_ext.l3.disk.format import Namespace
+    from sglang_glm_ext.l3.engine.store import L3Store
+
+    assert L3Config.from_dict(_base(tmp_path)).layer_first_reads == "vectored"
+    ns = Namespace("m", "bf16", "layer_first", 64, 0, 4, "d")
+    for mode, vectored in (("vectored", True), ("single", False)):
+        root = tmp_path / mode
+        cfg = L3Config.from_dict({"disks": [{"path": str(root / "d"), "budget": "8MiB"}],
+                                  "index": {"path": str(root / "i"), "map_size": "16MiB"},
+                                  "queues": {"layer_first_reads": mode}})
+        assert cfg.layer_first_reads == mode
+        s = L3Store.open(cfg, rank=0, namespace=ns, page_bytes={"target_kv": 16384})
+        try:
+            assert s._reloader.vectored is vectored
+        finally:
+            s.close()
 
 
 def test_writers_mode_defaults_to_spread_and_reads_one_per_node(tmp_path):

@@ -64,6 +64,8 @@ class PageSpans(NamedTuple):
     starts: Sequence[int]
     lengths: tuple
     same: "slice | None" = None  # every span is views[i][same] (one start, one length): the pieces in one C loop
+    grid: "tuple | None" = None  # (view, spacing): the spans are also view[same.start + i * spacing:][:length], all
+    #                             in one buffer at one spacing (layer-first in one buffer): one strided copy fills them
 
     def pieces(self) -> list:
         """The spans as views, in payload order (what the checksum runs over)."""
@@ -136,6 +138,7 @@ class PageLayout:
         self._same = (self._strides[0], self._lengths[0]) if len(set(self._strides)) == 1 == len(set(self._lengths)) \
             else None
         self._views: "tuple[memoryview, ...] | None" = None  # made at the first read (reloads only)
+        self._grid: "tuple | None" = None  # PageSpans.grid, made with _views where the slices allow one
         self._read_plans: dict = {}
 
     # ------------------------------------------------------------------ factories
@@ -239,13 +242,33 @@ class PageLayout:
             if not self._writable:
                 raise ValueError("host pool buffer is read-only; cannot reload into it")
             n = self.num_pages - 1
-            views = self._views = tuple(_writable_view(base, n * stride + length)
-                                        for base, stride, length in zip(self._bases, self._strides, self._lengths))
+            views = tuple(_writable_view(base, n * stride + length)
+                          for base, stride, length in zip(self._bases, self._strides, self._lengths))
+            self._grid = self._make_grid()
+            self._views = views
         if self._same is not None:
             stride, length = self._same
             at = page_index * stride
-            return PageSpans(views, self._bases, [at] * len(views), self._lengths, slice(at, at + length))
+            return PageSpans(views, self._bases, [at] * len(views), self._lengths, slice(at, at + length), self._grid)
         return PageSpans(views, self._bases, [page_index * st for st in self._strides], self._lengths)
+
+    def _make_grid(self) -> "tuple | None":
+        """(one writable view from the first slice's start to the last slice's end of the last page, the distance
+        between consecutive slices) where every slice has one stride and length, lies in ONE buffer, and the slices
+        follow each other at one spacing without overlapping (layer-first in one buffer); else None. Only the
+        slices' own bytes are ever written through it (a strided copy of ``length`` bytes per slice)."""
+        if self._same is None or len(self.slices) < 2:
+            return None
+        stride, length = self._same
+        region = self.slices[0].region
+        gaps = {b - a for a, b in zip(self._bases, self._bases[1:])}
+        if len(gaps) != 1 or any(s.region is not region for s in self.slices):
+            return None
+        gap = gaps.pop()
+        if gap < length:
+            return None
+        span = (len(self.slices) - 1) * gap + (self.num_pages - 1) * stride + length
+        return _writable_view(self._bases[0], span), gap
 
     def read_plan(self, page_index: int, slot_bytes: int, align: DioAlignment, vectored: bool) -> ReadPlan:
         """The read plan for this page's slot (shared by every page with the same addresses modulo ``align.mem``)."""

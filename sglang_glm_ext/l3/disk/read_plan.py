@@ -46,6 +46,9 @@ class ReadPlan(NamedTuple):
     #                                span order (the checksum then runs over the read's own views); else None
     tail: "tuple | None"  # where those are the plan's first segments (the spans, whole, then bounce only): the
     #                       segments after them (pad and header), so a reader builds the spans' views in one go
+    packed: "int | None" = None  # where every span is copied whole from the bounce buffer, in order, back to back
+    #                              (a single-transfer plan): the bounce offset of the first, so a reader whose spans
+    #                              are evenly spaced copies them in one strided copy; else None
 
 
 def _up(n: int, a: int) -> int:
@@ -96,8 +99,12 @@ def plan_read(lengths: tuple, mods: tuple, slot_bytes: int, align: DioAlignment,
         whole = tuple(j for j, seg in enumerate(segments) if seg[0] >= 0)
         if whole[-1] == len(whole) - 1:
             tail = tuple(segments[len(whole):])
+    packed = None
+    if len(copies) == len(lengths) and all(c[0] == i and c[1] == 0 and c[3] == lengths[i] for i, c in enumerate(copies)) \
+            and all(b[2] == a[2] + a[3] for a, b in zip(copies, copies[1:])):
+        packed = copies[0][2]
     return ReadPlan(tuple(segments), tuple(copies), last[2] + slot_bytes - HEADER_SIZE - last[0], max(at, mem),
-                    sum(d[3] for d in direct), payload, align, whole, tail)
+                    sum(d[3] for d in direct), payload, align, whole, tail, packed)
 
 
 def period(strides: Sequence[int], mem: int) -> int:

@@ -29,6 +29,8 @@ import errno
 import os
 import threading
 
+import numpy as np
+
 from .aligned import AlignedBuffer, buffer_address, byte_view
 from .dio_align import BUFFERED, CONSERVATIVE, DioAlignment, probe_dio_alignment
 from ..errors import SlabGeometryError
@@ -125,7 +127,7 @@ class SlabReader:
         self._buffers: list[AlignedBuffer] = []
         # Diagnostics only (tests, bench): unlocked increments may undercount when several threads read.
         self.counters = {"direct_reads": 0, "bounce_reads": 0, "buffered_reads": 0, "span_reads": 0,
-                         "direct_bytes": 0, "bounced_bytes": 0}
+                         "direct_bytes": 0, "bounced_bytes": 0, "strided_copies": 0}
 
     @property
     def fd(self) -> int:
@@ -227,6 +229,15 @@ class SlabReader:
         iov = [views[i][starts[i] + off:starts[i] + off + n] if i >= 0 else bv[at:at + n]
                for i, off, at, n in plan.segments]
         self._readv(iov, offset, plan.align)
+        if plan.packed is not None and spans.grid is not None:
+            # A single transfer into evenly spaced spans (layer-first in one buffer): one strided copy, the GIL
+            # released, instead of a copy per span. Writes exactly the spans' bytes, as the loop below would.
+            grid, gap = spans.grid
+            k, n = len(spans.lengths), spans.lengths[0]
+            np.copyto(np.ndarray((k, n), np.uint8, grid, spans.same.start, (gap, 1)),
+                      np.frombuffer(bv, np.uint8, k * n, plan.packed).reshape(k, n))
+            self.counters["strided_copies"] += 1
+            return iov
         base = bounce.address
         for i, off, at, n in plan.copies:
             s = starts[i] + off

@@ -62,14 +62,15 @@ from .staging import StagedPages
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Reloader", "blames_entry", "content_hashes", "layout_mismatch", "VECTORED"]
+__all__ = ["Reloader", "blames_entry", "content_hashes", "layout_mismatch"]
 
 # Layer-first pages: one vectored O_DIRECT read into each layer's chunk (True) or one transfer of the whole slot
-# into a bounce buffer and a copy per chunk (False: the fork's choice, seed 487-497). Measured side by side with
-# `sglang-glm-ext l3 bench` (docs_internal/l3_design.md, "Direct reads and restarts, measured"): vectored was both
-# faster and cheaper here -- GLM-5 pages 1.17 vs 0.70 GB/s and 0.22 vs 0.36 CPU s/GB, 1 MiB pages (64 chunks)
-# 0.74 vs 0.67 GB/s and 0.32 vs 0.40 CPU s/GB.
-VECTORED = True
+# into a bounce buffer and one copy into the chunks (False: the fork's choice, seed 487-497). The config picks
+# (``queues.layer_first_reads``, default "vectored"). Measured side by side with `sglang-glm-ext l3 bench`
+# (docs_internal/l3_design.md, "Direct reads and restarts, measured" and issue 28): vectored costs the least CPU
+# (dev VM: GLM-5 pages 0.22 vs 0.36 CPU s/GB, 1 MiB 0.32 vs 0.40); on the GPU machine's virtio disk a transfer into
+# 64-78 scattered chunks is 0.85-0.89x as fast as one contiguous transfer, and a single transfer and copy gets that
+# back (0.94x) at about 1.5x the CPU of the vectored read + xxh3 (benchmark/l3_reload_cpu.py).
 
 # Layer-first pages are hashed chunk by chunk with xxhash's update(), which python-xxhash runs holding the GIL for
 # pieces of 64 KiB or less (XXHASH_GIL_MINSIZE in its _xxhash.c): GLM-5's 41,984 B and a 1 MiB page's 16 KiB chunks,
@@ -166,7 +167,7 @@ class Reloader:
                  note_reloads: Callable[[PayloadKind, list, list], None], warn_once: Callable[..., None]):
         self.config = config
         self.namespace = namespace
-        self.vectored = VECTORED
+        self.vectored = config.layer_first_reads == "vectored"  # layer-first pages (the comment above _NOT_BLAMED)
         self._kinds = kinds  # the store's own mapping: a kind it adds is seen here
         self._index, self._keys, self._staged, self.c = index, keys, staged, counters
         self._note_reloads, self._warn_once = note_reloads, warn_once

@@ -180,3 +180,22 @@ def test_page_spans_name_each_pages_own_bytes(shape):
         assert all(not v.readonly for v in pieces)
         if spans.same is not None:
             assert list(spans.starts) == [spans.same.start] * len(pieces)
+        # The grid (one strided copy fills the page) only where every slice is in one buffer at one spacing; and
+        # then it names exactly the same bytes as the pieces.
+        assert (spans.grid is not None) == (shape == "layer_first")
+        if spans.grid is not None:
+            view, gap = spans.grid
+            n = spans.lengths[0]
+            assert [bytes(view[spans.same.start + i * gap:][:n]) for i in range(len(pieces))] == _spans_by_hand(
+                layout, p)
+
+
+def test_no_grid_for_slices_that_are_not_evenly_spaced_in_one_buffer():
+    """Equal slices at two spacings, or overlapping ones, get no grid: a strided copy would write the wrong bytes."""
+    buf = AlignedBuffer(1 << 16)
+    r = _region(buf)
+    uneven = PageLayout([Slice(r, 0, 100, 100), Slice(r, 5000, 100, 100), Slice(r, 9000, 100, 100)], 10)
+    overlapping = PageLayout([Slice(r, 0, 100, 100), Slice(r, 50, 100, 100)], 10)
+    for layout in (uneven, overlapping):
+        spans = layout.page_spans(3)
+        assert spans.same is not None and spans.grid is None

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from sglang_glm_ext.l3.disk.dio_align import DioAlignment
-from sglang_glm_ext.l3.disk.format import HEADER_SIZE, slot_bytes_for
+from sglang_glm_ext.l3.disk.format import HEADER_SIZE, PAYLOAD_OFFSET, slot_bytes_for
 from sglang_glm_ext.l3.disk.read_plan import period, plan_read
 
 GLM5_CHUNK, GLM5_LAYERS = 64 * 656, 78  # 41,984 B per layer and page (SGLang's fp8 DSA MLA row: 656 B)
@@ -52,6 +52,16 @@ def check(lengths, addrs, slot_bytes, align, vectored, mem_size, seed=0):
     assert (plan.tail is not None) == lead
     if lead:
         assert plan.segments == tuple(whole) + plan.tail and plan.span_segments == tuple(range(len(lengths)))
+    # plan.packed: every span copied whole from the bounce buffer, in order, back to back (one strided copy may do
+    # them all); always so for a single transfer.
+    starts = [c[2] for c in plan.copies]
+    packed = [(c[0], c[1], c[3]) for c in plan.copies] == [(i, 0, n) for i, n in enumerate(lengths)] and \
+        all(b == a + n for a, b, n in zip(starts, starts[1:], lengths))
+    assert (plan.packed is not None) == packed and (packed or vectored)
+    if packed:
+        assert plan.packed == starts[0]
+        assert np.array_equal(bounce[plan.packed:plan.packed + sum(lengths)],
+                              slot[PAYLOAD_OFFSET:PAYLOAD_OFFSET + sum(lengths)])
     return plan
 
 

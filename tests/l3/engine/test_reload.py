@@ -91,11 +91,15 @@ def test_an_oversized_destination_gets_the_page_in_its_first_bytes_only(tmp_path
 
 
 # ---------------------------------------------------------------------- layer-first
-def _layer_layout(arr, base, pb_layers, sb, pages, gap):
+def _layer_layout(arr, base, pb_layers, sb, pages, gap, buffers=2):
     """Two raw host buffers (like tensor.data_ptr()) inside ``arr``: layers [0, k) and [k, n), ``gap`` bytes
-    apart, so bytes between and around them are guards."""
-    k = pb_layers // 2
+    apart, so bytes between and around them are guards (``buffers=1``: one buffer, every layer back to back)."""
     a0 = arr.ctypes.data + base
+    if buffers == 1:
+        layout = PageLayout.layer_first((a0, pb_layers * pages * sb), n_layers=pb_layers, slice_bytes=sb,
+                                        num_pages=pages)
+        return layout, [base + l * pages * sb for l in range(pb_layers)]
+    k = pb_layers // 2
     a1 = a0 + k * pages * sb + gap
     layout = PageLayout.layer_first([(a0, k * pages * sb), (a1, (pb_layers - k) * pages * sb)], n_layers=pb_layers,
                                     slice_bytes=sb, num_pages=pages, layers_per_buffer=[k, pb_layers - k])
@@ -106,7 +110,10 @@ def _layer_layout(arr, base, pb_layers, sb, pages, gap):
 @pytest.mark.parametrize("sb", [CHUNK, 64 * 132, 1000], ids=["glm5-chunk", "dsa-indexer", "odd"])
 @pytest.mark.parametrize("base", [0, 4096, 512, 1, 100])
 @pytest.mark.parametrize("vectored", [True, False], ids=["vectored", "single"])
-def test_layer_first_reloads_land_in_each_chunk_exactly_and_nothing_else_moves(tmp_path, sb, base, vectored):
+@pytest.mark.parametrize("buffers", [2, 1], ids=["two-buffers", "one-buffer"])
+def test_layer_first_reloads_land_in_each_chunk_exactly_and_nothing_else_moves(tmp_path, sb, base, vectored, buffers):
+    """A single transfer into one buffer's evenly spaced layers is one strided copy (slab_reader._run), into two
+    buffers a copy per chunk: either way exactly the page's chunks change."""
     n_layers, pages, gap = 4, 3, 4096 + 7
     pb = n_layers * sb
     s = open_store(tmp_path, pb)
@@ -114,7 +121,7 @@ def test_layer_first_reloads_land_in_each_chunk_exactly_and_nothing_else_moves(t
     try:
         spill(s, range(pages), pb)
         arr = guarded(base + n_layers * pages * sb + gap + 8192)
-        layout, layer_at = _layer_layout(arr, base, n_layers, sb, pages, gap)
+        layout, layer_at = _layer_layout(arr, base, n_layers, sb, pages, gap, buffers)
         assert s.reload_into_layout(K, [key(1)], layout, [1]) == [True]
         want = np.full_like(arr, GUARD)
         p = payload(1, pb)
@@ -125,6 +132,12 @@ def test_layer_first_reloads_land_in_each_chunk_exactly_and_nothing_else_moves(t
         for pg in (0, 2):
             got = layout.page_spans(pg).pieces()
             assert b"".join(bytes(v) for v in got) == payload(pg, pb).tobytes()
+        strided = s._reloader.io_counters()["strided_copies"]
+        if buffers == 2:
+            assert strided == 0  # spans in two buffers: a copy each
+        elif not vectored:
+            assert strided == 3  # every single transfer into the one buffer: one strided copy
+        # (a vectored plan that bounces every span whole, as under coarse alignment, also takes the strided copy)
     finally:
         s.close()
 
