@@ -19,7 +19,8 @@
 #   env: L3_BENCH_DIR (default /tmp/l3_bench), FIO (default .devcarry/fio_carry/fio), L3_FIO_GRID (default small),
 #        L3_RELOAD_THREADS (default fio), L3_IO_THREADS (default 4; fio = fio's best writes in flight),
 #        L3_SKIP_COSTS=1 (skip steps 2 and 3), L3_DEADLINE_S (default 540: the A/B is cut there, its table kept),
-#        L3_AB_BEFORE (default .ab/before: the "before" engine, e.g. `git archive HEAD` of the last commit)
+#        L3_AB_BEFORE (default .ab/before: the "before" engine, e.g. `git archive HEAD` of the last commit),
+#        L3_ALT_MODES=1 (also time the engine's other layer-first read mode: vectored vs single transfer)
 set -u
 t0=$(date +%s)
 size=${1:-1}
@@ -32,6 +33,8 @@ grid=${L3_FIO_GRID:-small}
 threads=${L3_RELOAD_THREADS:-fio}
 io_threads=${L3_IO_THREADS:-4}
 deadline=${L3_DEADLINE_S:-540}
+alt=--skip-alt-modes
+[ "${L3_ALT_MODES:-0}" = 1 ] && alt=
 site=/tmp/l3site
 mkdir -p "$out"
 rm -rf "$site" "$dir"
@@ -103,7 +106,7 @@ fi
 # 4. the A/B, cut at the deadline (ab.txt holds every run finished by then).
 echo "[$(( $(date +%s) - t0 ))s] A/B: $rounds rounds, $(left) s left"
 timeout -k 15 "$(left)" python3 benchmark/l3_ab.py --before "${L3_AB_BEFORE:-.ab/before}" --after . --rounds "$rounds" \
-  --out "$out/ab" -- --dir "$dir" --size-gb "$size" --repeats 1 --skip-hicachefile --skip-alt-modes \
+  --out "$out/ab" -- --dir "$dir" --size-gb "$size" --repeats 1 --skip-hicachefile $alt \
   --reload-threads "$threads" --io-threads "$io_threads" ${sweep_args[@]+"${sweep_args[@]}"}
 rc=$?
 echo "[$(( $(date +%s) - t0 ))s] done (A/B exit $rc)"

@@ -445,6 +445,8 @@ def bench_page_size(page: int, args) -> dict:
     # The engine's read path where it has one to switch (a private seam: the bench measures both modes).
     reads = getattr(store, "_reloader", None) or getattr(store, "_reads", None)
     res["hash_helpers"] = getattr(reads, "helpers", None)  # None: an engine that hashes on its reader threads
+    # From this many readers on, each reader hashes its own page (engine/reload.py); None: an engine without it.
+    res["hand_off_below"] = getattr(sys.modules.get(type(reads).__module__), "HAND_OFF_BELOW", None)
     # Layer-first: the engine's default read first (key reload_layer_first, what both sides of an A/B have), then
     # the other mode where the engine has two (reload_layer_first_single / _vectored): vectored vs single transfer.
     default = getattr(reads, "vectored", None)
@@ -722,10 +724,11 @@ def render(results: list[dict], load: "dict | None", args, failed: "list[str] | 
                 f"{rl / hf['read_gbps']:.2f}x", "info", "L3/HiCacheFile")
         else:
             lines.append(f"{p:>9} | {hf}")
-        lines.append(f"{'':>9} | layer-first default read: {r['layer_first_default']}")
-        helpers = r.get("hash_helpers")
-        hashing = "on the reading threads" if helpers is None else \
-            f"on the caller's thread + up to {helpers} helper(s), readers never wait on them"
+        lines.append(f"{'':>9} | layer-first default read: {r['layer_first_default']} ([queues] layer_first_reads = "
+                     f"\"vectored\" | \"single\"; where both rows are printed, take the mode that meets your targets)")
+        helpers, below = r.get("hash_helpers"), r.get("hand_off_below")
+        hashing = "on the reading threads" if helpers is None or (below is not None and r["reload_threads"] >= below) \
+            else f"on the caller's thread + up to {helpers} helper(s), readers never wait on them"
         best = ", ".join(f"{k} {x['iodepth']}x{x['numjobs']} = {x['iodepth'] * x['numjobs']} in flight"
                          for k, x in (("write", fw), ("read", fr)) if x) or "-"
         lines.append(f"{'':>9} | store threads: io_threads={r['io_threads']} (writes in flight), reload_threads="

@@ -37,7 +37,8 @@ def test_bench_smoke(tmp_path, fake_fio):
                 "spill->durable vs fio best write", "first fill vs fio, one pass, new file",
                 "fio best rand read (16x1 io_uring)", "vs fio best rand read",
                 "checksum: xxhash ", "store threads: io_threads=4 (writes in flight), reload_threads=4 (reads in "
-                "flight), checksums on the caller's thread + up to 1 helper(s)", "fio best: write 16x1 = 16 in flight"):
+                "flight), checksums on the reading threads",  # 4 readers: each hashes its own (reload.HAND_OFF_BELOW)
+                "fio best: write 16x1 = 16 in flight", "layer-first default read: vectored ([queues] layer_first_reads"):
         assert row in stdout, row
     assert "fio absent" not in stdout
     (r,) = data["results"]
