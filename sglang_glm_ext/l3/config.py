@@ -234,8 +234,8 @@ class L3Config:
     reload_threads: int = 4
     # How a layer-first page (one chunk per layer) comes off the disk: "vectored" (one O_DIRECT read straight into
     # every chunk: the least CPU) | "single" (one transfer of the whole slot into a bounce buffer, then one copy into
-    # the chunks: a contiguous transfer, faster on a disk that slows down for scattered destinations, at the copy's
-    # CPU). `sglang-glm-ext l3 bench` measures both on the disk (docs_internal/l3_design.md, issue 28).
+    # the chunks: the fork's way, a contiguous transfer, at the copy's CPU). `sglang-glm-ext l3 bench` measures both
+    # on the disk; vectored was as fast or faster on every disk measured so far (docs_internal/l3_design.md, 28).
     layer_first_reads: str = "vectored"
     payload_weights: Mapping[str, float] | None = None  # None = equal_slots
     writer_mode: str = "spread"  # replicated (MLA/DSA) pages under CP/TP: "spread" over the node's replicas | "one_per_node"
@@ -601,8 +601,8 @@ write_batch_pages = 32
 io_threads = 4
 reload_threads = 4
 layer_first_reads = "vectored"  # layer-first pages: one read straight into every layer's chunk (least CPU) | "single"
-                                # (the slot in one transfer, then copied: faster where scattered reads are slow;
-                                # `sglang-glm-ext l3 bench` measures both on your disk)
+                                # (the slot in one transfer, then copied, ~1.5x the CPU: only where
+                                # `sglang-glm-ext l3 bench` shows it faster on your disk)
 
 # Sidecar draft pools (non-NextN EAGLE) need every kind sized from the config alone (put payload_split above the
 # first table):

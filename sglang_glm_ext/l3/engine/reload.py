@@ -69,8 +69,9 @@ __all__ = ["Reloader", "blames_entry", "content_hashes", "layout_mismatch"]
 # (``queues.layer_first_reads``, default "vectored"). Measured side by side with `sglang-glm-ext l3 bench`
 # (docs_internal/l3_design.md, "Direct reads and restarts, measured" and issue 28): vectored costs the least CPU
 # (dev VM: GLM-5 pages 0.22 vs 0.36 CPU s/GB, 1 MiB 0.32 vs 0.40); on the GPU machine's virtio disk a transfer into
-# 64-78 scattered chunks is 0.85-0.89x as fast as one contiguous transfer, and a single transfer and copy gets that
-# back (0.94x) at about 1.5x the CPU of the vectored read + xxh3 (benchmark/l3_reload_cpu.py).
+# 64-78 scattered chunks is 0.85-0.89x as fast as one contiguous transfer (benchmark/l3_reload_cpu.py: a bare
+# single transfer + copy + one-shot xxh3 gets 0.93x, at ~1.5x the CPU), yet the store's single mode, which hashes
+# the chunks after the copy, was no faster than its vectored read there (1 MiB 1.41 vs 1.54 GB/s) at 1.5x the CPU.
 
 # Layer-first pages are hashed chunk by chunk with xxhash's update(), which python-xxhash runs holding the GIL for
 # pieces of 64 KiB or less (XXHASH_GIL_MINSIZE in its _xxhash.c): GLM-5's 41,984 B and a 1 MiB page's 16 KiB chunks,
