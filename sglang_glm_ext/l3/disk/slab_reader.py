@@ -183,11 +183,18 @@ class SlabReader:
             self._read(block.view, offset + self.slot_bytes - BLOCK)
         return head, bytes(block.view[BLOCK - HEADER_SIZE:])
 
-    def read_spans(self, slot: int, spans, plan: ReadPlan, bounce: AlignedBuffer) -> "tuple[bytes, list]":
+    def read_spans(self, slot: int, spans, plan: ReadPlan, bounce: AlignedBuffer, *,
+                   verify_first: bool = False) -> "tuple[bytes, list, tuple | None]":
         """Read the slot in one pass as ``plan`` says: its direct segments straight into ``spans`` (a
         ``layout.PageSpans``), the rest into ``bounce`` (mem-aligned, >= ``plan.bounce_bytes``) and copied out.
-        Returns the slot's last HEADER_SIZE bytes (its v2 header) and the spans as views in payload order (what
-        the checksum runs over). Writes nothing but the spans' own bytes.
+        Returns the slot's last HEADER_SIZE bytes (its v2 header), the spans as views in payload order (what the
+        checksum runs over) and None. Writes nothing but the spans' own bytes.
+
+        ``verify_first``: a single transfer into evenly spaced spans (``plan.packed`` and ``spans.grid``: layer-first
+        in one buffer) is left in the bounce buffer. Then the views returned are the payload's one view THERE (the
+        checksum runs over it in one call) and the third value is the copy still to do, ``(destination, source)``
+        arrays for ``np.copyto``: the caller copies once the checksum matched, so a page that fails it never
+        touches its destination, and before this thread's next read reuses the bounce buffer.
 
         ``plan`` must be for this slot size and ``self.align``; if the kernel refuses the transfer the reader falls
         back (module docstring) and the read is redone under a plan for the new alignment. Raises OSError on I/O
@@ -195,7 +202,7 @@ class SlabReader:
         offset = self._offset(slot)
         for _ in range(3):  # the plan given, then at most two fallbacks (4 KiB plans, buffered reads)
             try:
-                iov = self._run(plan, spans, bounce, offset)
+                iov, pending = self._run(plan, spans, bounce, offset, verify_first)
                 break
             except _Refused:
                 mods = tuple((b + s) % self.align.mem for b, s in zip(spans.bases, spans.starts))
@@ -207,6 +214,9 @@ class SlabReader:
         c["span_reads"] += 1
         c["direct_bytes"] += plan.direct_bytes
         c["bounced_bytes"] += plan.payload_bytes - plan.direct_bytes
+        trailer = bytes(bounce.view[plan.trailer_at:plan.trailer_at + HEADER_SIZE])
+        if pending is not None:
+            return trailer, [bounce.view[plan.packed:plan.packed + plan.payload_bytes]], pending
         seg = plan.span_segments
         if seg is None:
             pieces = spans.pieces()
@@ -214,9 +224,10 @@ class SlabReader:
             pieces = iov[:len(seg)]
         else:
             pieces = [iov[j] for j in seg]
-        return bytes(bounce.view[plan.trailer_at:plan.trailer_at + HEADER_SIZE]), pieces
+        return trailer, pieces, None
 
-    def _run(self, plan: ReadPlan, spans, bounce: AlignedBuffer, offset: int) -> list:
+    def _run(self, plan: ReadPlan, spans, bounce: AlignedBuffer, offset: int,
+             verify_first: bool = False) -> "tuple[list, tuple | None]":
         if len(bounce) < plan.bounce_bytes or bounce.address % self.align.mem:
             raise ValueError(f"bounce buffer must be {self.align.mem} B-aligned and >= {plan.bounce_bytes} B")
         bv = bounce.view
@@ -224,7 +235,7 @@ class SlabReader:
             iov = spans.pieces()
             iov += [bv[at:at + n] for _, _, at, n in plan.tail]
             self._readv(iov, offset, plan.align)
-            return iov
+            return iov, None
         views, starts = spans.views, spans.starts
         iov = [views[i][starts[i] + off:starts[i] + off + n] if i >= 0 else bv[at:at + n]
                for i, off, at, n in plan.segments]
@@ -234,10 +245,13 @@ class SlabReader:
             # released, instead of a copy per span. Writes exactly the spans' bytes, as the loop below would.
             grid, gap = spans.grid
             k, n = len(spans.lengths), spans.lengths[0]
-            np.copyto(np.ndarray((k, n), np.uint8, grid, spans.same.start, (gap, 1)),
-                      np.frombuffer(bv, np.uint8, k * n, plan.packed).reshape(k, n))
+            copy = (np.ndarray((k, n), np.uint8, grid, spans.same.start, (gap, 1)),
+                    np.frombuffer(bv, np.uint8, k * n, plan.packed).reshape(k, n))
             self.counters["strided_copies"] += 1
-            return iov
+            if verify_first:
+                return iov, copy
+            np.copyto(*copy)
+            return iov, None
         base = bounce.address
         for i, off, at, n in plan.copies:
             s = starts[i] + off
@@ -245,7 +259,7 @@ class SlabReader:
                 ctypes.memmove(spans.bases[i] + s, base + at, n)
             else:
                 views[i][s:s + n] = bv[at:at + n]
-        return iov
+        return iov, None
 
     def _readv(self, iov: list, offset: int, align: DioAlignment) -> None:
         """Fill every view of ``iov`` from ``offset`` on, in order: one ``preadv`` of the whole slot, the common

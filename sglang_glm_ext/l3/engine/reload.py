@@ -70,8 +70,10 @@ __all__ = ["Reloader", "blames_entry", "content_hashes", "layout_mismatch"]
 # (docs_internal/l3_design.md, "Direct reads and restarts, measured" and issue 28): vectored costs the least CPU
 # (dev VM: GLM-5 pages 0.22 vs 0.36 CPU s/GB, 1 MiB 0.32 vs 0.40); on the GPU machine's virtio disk a transfer into
 # 64-78 scattered chunks is 0.85-0.89x as fast as one contiguous transfer (benchmark/l3_reload_cpu.py: a bare
-# single transfer + copy + one-shot xxh3 gets 0.93x, at ~1.5x the CPU), yet the store's single mode, which hashes
-# the chunks after the copy, was no faster than its vectored read there (1 MiB 1.41 vs 1.54 GB/s) at 1.5x the CPU.
+# single transfer + copy + one-shot xxh3 gets 0.93x, at ~1.5x the CPU). The store's single mode, which then hashed
+# the 64-78 chunks after the copy, was no faster than its vectored read there (1 MiB 1.41 vs 1.54 GB/s) at 1.5x the
+# CPU; it now checks the slot in the bounce buffer in one call (GIL released) and copies only a page that matched
+# (slab_reader.read_spans, verify_first): dev VM 2.0-2.1x -> 1.7x the CPU of raw read + xxh3.
 
 # Layer-first pages are hashed chunk by chunk with xxhash's update(), which python-xxhash runs holding the GIL for
 # pieces of 64 KiB or less (XXHASH_GIL_MINSIZE in its _xxhash.c): GLM-5's 41,984 B and a 1 MiB page's 16 KiB chunks,
@@ -415,18 +417,27 @@ class Reloader:
     def _read(self, rd: SlabReader, st: KindState, content_hash: bytes, e: IndexEntry, spans: PageSpans,
               plan) -> "_Landed | tuple[bool, object]":
         try:
-            trailer, pieces = rd.read_spans(e.slot, spans, plan, self._bounce(plan.bounce_bytes))
+            # A single transfer (layer_first_reads = "single") is checked in the bounce buffer, in one call, and
+            # copied out only once it matched (read_spans' verify_first); every other read lands in place.
+            trailer, pieces, pending = rd.read_spans(e.slot, spans, plan, self._bounce(plan.bounce_bytes),
+                                                     verify_first=not self.vectored)
         except ShortRead:
             return False, ReloadMiss.SHORT_READ
         header, why = parse_header_reason(trailer)
         if header is None:
-            if why in (BlobCheck.EMPTY, BlobCheck.BAD_MAGIC) and is_old_header(spans.head(HEADER_SIZE)):
+            head = bytes(pieces[0][:HEADER_SIZE]) if pending is not None else spans.head(HEADER_SIZE)
+            if why in (BlobCheck.EMPTY, BlobCheck.BAD_MAGIC) and is_old_header(head):
                 why = BlobCheck.OLD_VERSION  # a v1 blob: its header landed where the v2 payload starts
             return False, why
         why = check_header(header, kind=st.kind, content_hash=content_hash, ns_digest=self.namespace,
                            payload_len=st.page_bytes, slot_bytes=st.slot_bytes)
         if why is not BlobCheck.OK:
             return False, why
+        if pending is not None:  # now, on this thread: its next read reuses the bounce buffer
+            if checksum_views(pieces) != header.payload_checksum:
+                return False, BlobCheck.PAYLOAD_CHECKSUM  # the destination was never touched
+            np.copyto(*pending)
+            return True, BlobCheck.OK
         # ``pieces`` are the spans' own bytes (read_spans: views of the destination, never of the bounce buffer this
         # thread reuses for its next read), so the checksum may run later, on another thread.
         return _Landed(pieces, header.payload_checksum)

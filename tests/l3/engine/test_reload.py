@@ -186,6 +186,34 @@ def test_a_corrupt_slot_is_a_miss_that_touches_only_the_page_and_is_reclaimed(tm
         s.close()
 
 
+@pytest.mark.parametrize("where", ["payload_tail", "payload_head", "header"])
+def test_a_single_transfer_is_checked_before_its_copy_so_a_corrupt_page_never_touches_the_pool(tmp_path, where):
+    """layer_first_reads = "single" into a one-buffer layer-first pool: the slot is checked in the bounce buffer and
+    copied out only once it matched, so a corrupt page leaves its chunks as they were (a miss, reclaimed), and a good
+    page in the same call lands exactly."""
+    n_layers, pages = 4, 3
+    pb = n_layers * CHUNK
+    slot = slot_bytes_for(pb)
+    s = open_store(tmp_path, pb)
+    s._reloader.vectored = False
+    try:
+        spill(s, [0, 1], pb)
+        at = slot_of(s, 1) * slot
+        poke(s, {"payload_tail": at + pb - 1, "payload_head": at, "header": at + slot - HEADER_SIZE + 20}[where],
+             bytes([0x5C]))
+        arr = guarded(n_layers * pages * CHUNK)
+        layout = PageLayout.layer_first(arr, n_layers=n_layers, slice_bytes=CHUNK, num_pages=pages)
+        assert s.reload_into_layout(K, [key(0), key(1)], layout, [2, 1]) == [True, False]
+        lay = arr.reshape(n_layers, pages, CHUNK)
+        assert np.array_equal(lay[:, 2].ravel(), payload(0, pb))
+        assert (lay[:, :2] == GUARD).all()  # the corrupt page's chunks (page 1) and page 0: never written
+        assert s._reloader.io_counters()["strided_copies"] == 2
+        assert s.flush(30)
+        assert s.exists(K, [key(1)]) == 0 and s.stats()["verify_failures"] == 1
+    finally:
+        s.close()
+
+
 def test_an_unknown_version_is_a_miss_whose_entry_stays(tmp_path):
     """A blob a newer build wrote (a rolling upgrade): not ours to serve and not ours to reclaim."""
     pb = 3 * CHUNK
