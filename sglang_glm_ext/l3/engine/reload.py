@@ -419,8 +419,9 @@ class Reloader:
         try:
             # A single transfer (layer_first_reads = "single") is checked in the bounce buffer, in one call, and
             # copied out only once it matched (read_spans' verify_first); every other read lands in place.
-            trailer, pieces, pending = rd.read_spans(e.slot, spans, plan, self._bounce(plan.bounce_bytes),
-                                                     verify_first=not self.vectored)
+            bounce = self._bounce(plan.bounce_bytes)
+            trailer, pieces, pending = (rd.read_spans(e.slot, spans, plan, bounce) if self.vectored
+                                        else rd.read_spans(e.slot, spans, plan, bounce, verify_first=True))
         except ShortRead:
             return False, ReloadMiss.SHORT_READ
         header, why = parse_header_reason(trailer)

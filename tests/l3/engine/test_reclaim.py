@@ -201,8 +201,8 @@ def test_a_stale_verify_failure_never_deletes_a_newer_entry_for_the_same_slot(tm
         real_get_many, real_read = store.index.get_many, store_mod.ReadOnlySlab.read_spans
         monkeypatch.setattr(store.index, "get_many", lambda keys: [e1])  # the reader's snapshot from before the free
 
-        def torn(self, slot, spans, plan, bounce):
-            got = real_read(self, slot, spans, plan, bounce)
+        def torn(self, slot, spans, plan, bounce, **kw):
+            got = real_read(self, slot, spans, plan, bounce, **kw)
             view, at = spans.views[0], spans.starts[0] + 5
             view[at] ^= 0xFF  # read raced a rewrite: the payload checksum fails
             return got
