@@ -3,10 +3,12 @@ to the reference (never a wrong token), and no page the store had acknowledged d
 durable" = the key's index commit, read back with fsck right after the kill).
 
 "During write-back" is made sure of, not hoped for: the first server's L3 disk is slow (every slab write sleeps,
-SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS). The first wave of requests is waited on until some of its pages are
-durable (so there is something acknowledged to lose, on a fast machine too); the second wave's write-back is still
-going when the server is killed right after its last reply; the restarted server (a normal disk) then writes the
-pages the kill cut off, which the test counts."""
+SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS). The first wave of requests is waited on until its write-back is durable
+(so there is something acknowledged to lose, on a fast machine too, and the replay's first turn finds its whole
+prefix in L3: waiting for only SOME durable pages failed 3 of 9 runs on the dev VM, the replay hitting nothing in L3,
+as SGLang prefetches only a prefix of >= 256 tokens durable in every pool); the second wave's write-back is
+still going when the server is killed right after its last reply; the restarted server (a normal disk) then writes
+the pages the kill cut off, which the test counts."""
 
 import time
 
@@ -41,11 +43,13 @@ def scenario(glm5_model, tmp_path_factory):
     out = {}
     srv = start(glm5_model, str(work / "first.log"), l3_args(cfg), env=SLOW_DISK)
     try:
-        # Wave 1 (every conversation's first turn): wait until some of its pages are durable (the first batch's
-        # writes, 4 s each, then fdatasync and index commit), so that the kill below has acknowledged pages to
-        # keep whatever the machine's speed.
+        # Wave 1 (every conversation's first turn): wait until its pages are durable (writes of 4 s each, then
+        # fdatasync and index commit), so that the kill below has acknowledged pages to keep whatever the
+        # machine's speed, and every kind of the first turn's pages is among them.
         out["first"] = send_all(srv, reqs[:3])
-        out["durable_before_wave2"] = _wait_durable(srv.url, timeout=600.0)
+        _wait_durable(srv.url, timeout=600.0)
+        # Settled: no new durable page for 10 s, 2.5 of the slow disk's writes (the write-back of wave 1 is done).
+        out["durable_before_wave2"] = served.wait_counter_settled(srv.url, run.SPILL, quiet=10.0, timeout=600.0)
         # Wave 2 (the second turns): right after its last reply its pages are still on their way to L3
         # (write-through backup thread, then the store's 4 s writes): kill everything now, as a crash would.
         out["first"] += send_all(srv, reqs[3:])
