@@ -461,7 +461,8 @@ class L3Config:
             direct_io=direct, gc_start=gc_start, gc_stop=gc_stop, gc_budget_per_round=gc_budget,
             staging_bytes=staging, max_inflight=max_inflight, wait_ms=wait_ms, write_batch_pages=batch,
             io_threads=io_threads,
-            reload_threads=reload_threads, layer_first_reads=lf_reads, payload_weights=weights, writer_mode=writer_mode, source=source,
+            reload_threads=reload_threads, layer_first_reads=lf_reads, payload_weights=weights,
+            writer_mode=writer_mode, source=source,
             test_write_delay_ms=_test_write_delay_ms(),
         )
 

@@ -100,7 +100,7 @@ def plan_read(lengths: tuple, mods: tuple, slot_bytes: int, align: DioAlignment,
         if whole[-1] == len(whole) - 1:
             tail = tuple(segments[len(whole):])
     packed = None
-    if len(copies) == len(lengths) and all(c[0] == i and c[1] == 0 and c[3] == lengths[i] for i, c in enumerate(copies)) \
+    if len(copies) == len(lengths) and all(c[:2] == (i, 0) and c[3] == lengths[i] for i, c in enumerate(copies)) \
             and all(b[2] == a[2] + a[3] for a, b in zip(copies, copies[1:])):
         packed = copies[0][2]
     return ReadPlan(tuple(segments), tuple(copies), last[2] + slot_bytes - HEADER_SIZE - last[0], max(at, mem),

@@ -247,10 +247,10 @@ class SlabReader:
             k, n = len(spans.lengths), spans.lengths[0]
             copy = (np.ndarray((k, n), np.uint8, grid, spans.same.start, (gap, 1)),
                     np.frombuffer(bv, np.uint8, k * n, plan.packed).reshape(k, n))
-            self.counters["strided_copies"] += 1
             if verify_first:
-                return iov, copy
+                return iov, copy  # the caller copies (and counts) once the checksum matched
             np.copyto(*copy)
+            self.counters["strided_copies"] += 1
             return iov, None
         base = bounce.address
         for i, off, at, n in plan.copies:

@@ -438,6 +438,7 @@ class Reloader:
             if checksum_views(pieces) != header.payload_checksum:
                 return False, BlobCheck.PAYLOAD_CHECKSUM  # the destination was never touched
             np.copyto(*pending)
+            rd.counters["strided_copies"] += 1
             return True, BlobCheck.OK
         # ``pieces`` are the spans' own bytes (read_spans: views of the destination, never of the bounce buffer this
         # thread reuses for its next read), so the checksum may run later, on another thread.
