@@ -602,7 +602,7 @@ write_batch_pages = 32
 io_threads = 4
 reload_threads = 4
 layer_first_reads = "vectored"  # layer-first pages: one read straight into every layer's chunk (least CPU) | "single"
-                                # (the slot in one transfer, then copied, ~1.5x the CPU: only where
+                                # (the slot in one transfer, then copied, 1.2-1.6x the CPU: only where
                                 # `sglang-glm-ext l3 bench` shows it faster on your disk)
 
 # Sidecar draft pools (non-NextN EAGLE) need every kind sized from the config alone (put payload_split above the
