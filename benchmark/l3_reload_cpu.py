@@ -31,6 +31,7 @@ from sglang_glm_ext.l3.disk.host_layout import PageLayout
 from sglang_glm_ext.l3.engine.store import L3Store
 from sglang_glm_ext.l3.tools import bench as B
 
+
 def thread_cpu() -> dict:
     """CPU seconds of every live Python thread of this process (its CPU-time clock, ns resolution), by name."""
     out = {}
