@@ -237,6 +237,10 @@ class L3Config:
     # the chunks: the fork's way, a contiguous transfer, at the copy's CPU). `sglang-glm-ext l3 bench` measures both
     # on the disk; vectored was as fast or faster on every disk measured so far (docs_internal/l3_design.md, 28).
     layer_first_reads: str = "vectored"
+    # Pages of one reload call in adjacent slots of one slab are read in one transfer of up to this many bytes (each
+    # page's own spans and its own pad and header, nothing else: engine/reload.py, "Reads of adjacent slots"); 0 =
+    # one read per page. Fewer, larger reads cost less CPU per GB (the kernel's per-read work and the interpreter's).
+    read_coalesce_bytes: int = 8 * 2**20
     payload_weights: Mapping[str, float] | None = None  # None = equal_slots
     writer_mode: str = "spread"  # replicated (MLA/DSA) pages under CP/TP: "spread" over the node's replicas | "one_per_node"
     source: str = field(default="<dict>", compare=False)
@@ -406,7 +410,7 @@ class L3Config:
 
         q = _get(data, "queues", "queues", Mapping, {})
         qknown = ("staging_bytes", "max_inflight", "wait_ms", "write_batch_pages", "io_threads", "reload_threads",
-                  "layer_first_reads")
+                  "layer_first_reads", "read_coalesce_bytes")
         for k in q:
             if k not in qknown:
                 raise L3ConfigError(f"queues.{k}: unknown key (known: {', '.join(qknown)})")
@@ -425,6 +429,11 @@ class L3Config:
         if lf_reads not in LAYER_FIRST_READS:
             raise L3ConfigError(f"queues.layer_first_reads: unknown mode {lf_reads!r} (expected one of "
                                 f"{LAYER_FIRST_READS})")
+        coalesce = q.get("read_coalesce_bytes", 8 * 2**20)
+        off = coalesce == "0" or (coalesce == 0 and not isinstance(coalesce, bool))  # 0: a read a page
+        coalesce = 0 if off else parse_size(coalesce, "queues.read_coalesce_bytes")
+        if coalesce > 2**30:
+            raise L3ConfigError(f"queues.read_coalesce_bytes: at most 1 GiB, got {coalesce} B")
 
         writers = _get(data, "writers", "writers", Mapping, {})
         for k in writers:
@@ -461,7 +470,8 @@ class L3Config:
             direct_io=direct, gc_start=gc_start, gc_stop=gc_stop, gc_budget_per_round=gc_budget,
             staging_bytes=staging, max_inflight=max_inflight, wait_ms=wait_ms, write_batch_pages=batch,
             io_threads=io_threads,
-            reload_threads=reload_threads, layer_first_reads=lf_reads, payload_weights=weights,
+            reload_threads=reload_threads, layer_first_reads=lf_reads, read_coalesce_bytes=coalesce,
+            payload_weights=weights,
             writer_mode=writer_mode, source=source,
             test_write_delay_ms=_test_write_delay_ms(),
         )
@@ -604,6 +614,8 @@ reload_threads = 4
 layer_first_reads = "vectored"  # layer-first pages: one read straight into every layer's chunk (least CPU) | "single"
                                 # (the slot in one transfer, then copied, 1.2-1.6x the CPU: only where
                                 # `sglang-glm-ext l3 bench` shows it faster on your disk)
+read_coalesce_bytes = "8MiB"    # pages of one reload in adjacent slots: one read of up to this many bytes (0: a read a
+                                # page)
 
 # Sidecar draft pools (non-NextN EAGLE) need every kind sized from the config alone (put payload_split above the
 # first table):

@@ -111,6 +111,10 @@ def test_bad_mapping_is_loud_with_key_path(tmp_path, ranks, needle):
     ({"ack": "durable", "queues": {"wait_ms": 0}}, "queues.wait_ms: ack = 'durable'"),
     ({"queues": {"layer_first_reads": "bounce"}}, "queues.layer_first_reads: unknown mode"),
     ({"queues": {"layer_first_reads": True}}, "queues.layer_first_reads: expected"),
+    ({"queues": {"read_coalesce_bytes": -1}}, "queues.read_coalesce_bytes: must be > 0"),
+    ({"queues": {"read_coalesce_bytes": True}}, "queues.read_coalesce_bytes: expected a byte size"),
+    ({"queues": {"read_coalesce_bytes": "lots"}}, "queues.read_coalesce_bytes: cannot parse"),
+    ({"queues": {"read_coalesce_bytes": "2GiB"}}, "queues.read_coalesce_bytes: at most 1 GiB"),
 ])
 def test_every_bad_value_names_its_key(tmp_path, over, needle):
     with pytest.raises(L3ConfigError, match=needle):
@@ -271,3 +275,12 @@ def test_the_test_only_write_delay_is_read_with_the_config_and_checked(tmp_path,
         monkeypatch.setenv("SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS", bad)
         with pytest.raises(L3ConfigError, match="SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS"):
             L3Config.from_dict(_base(tmp_path))
+
+
+def test_read_coalesce_bytes_defaults_to_8_mib_and_0_reads_a_page_at_a_time(tmp_path):
+    """queues.read_coalesce_bytes: how many bytes of adjacent slots one reload read may cover (engine/reload.py,
+    Reloader.units): 8 MiB unless set, a size string or 0 (a read a page) accepted."""
+    assert L3Config.from_dict(_base(tmp_path)).read_coalesce_bytes == 8 * 2**20
+    assert L3Config.from_dict(_base(tmp_path, queues={"read_coalesce_bytes": "2MiB"})).read_coalesce_bytes == 2**21
+    for off in (0, "0"):
+        assert L3Config.from_dict(_base(tmp_path, queues={"read_coalesce_bytes": off})).read_coalesce_bytes == 0

@@ -127,7 +127,8 @@ class SlabReader:
         self._buffers: list[AlignedBuffer] = []
         # Diagnostics only (tests, bench): unlocked increments may undercount when several threads read.
         self.counters = {"direct_reads": 0, "bounce_reads": 0, "buffered_reads": 0, "span_reads": 0,
-                         "direct_bytes": 0, "bounced_bytes": 0, "strided_copies": 0}
+                         "direct_bytes": 0, "bounced_bytes": 0, "strided_copies": 0, "run_reads": 0,
+                         "run_pages": 0}
 
     @property
     def fd(self) -> int:
@@ -226,6 +227,49 @@ class SlabReader:
             pieces = [iov[j] for j in seg]
         return trailer, pieces, None
 
+    def read_run(self, slot: int, spans_list: list, plan: ReadPlan, bounce: AlignedBuffer,
+                 stride: int) -> "list[tuple[bytes, list]] | None":
+        """Read ``len(spans_list)`` adjacent slots, ``slot`` on, in ONE transfer: page ``q``'s spans (``spans_list[q]``,
+        each whole and direct: ``plan.tail`` is not None, one plan for every page) straight into the destination,
+        then its pad and header into ``bounce[q * stride:]`` (``stride``: a multiple of ``align.mem``, >=
+        ``plan.bounce_bytes``). Returns, per page, what :meth:`read_spans` returns for it (its header bytes, its
+        spans' views); writes nothing but the spans' own bytes and the bounce buffer.
+
+        None when the kernel refused the transfer: the reader has fallen back (module docstring) and the caller reads
+        each page with :meth:`read_spans`, which re-plans. Raises OSError on I/O failure and :class:`ShortRead` where
+        the file ends first, as :meth:`read_spans` does: the caller then reads each page alone, so a bad block costs
+        only the page it is in."""
+        k = len(spans_list)
+        if plan.tail is None or plan.align != self.align:
+            raise ValueError("read_run needs a plan whose spans are whole and direct, for this reader's alignment")
+        if stride % self.align.mem or stride < plan.bounce_bytes or len(bounce) < (k - 1) * stride + plan.bounce_bytes \
+                or bounce.address % self.align.mem:
+            raise ValueError(f"bounce buffer must be {self.align.mem} B-aligned, room for {k} tails {stride} B apart")
+        offset = self._offset(slot)
+        self._offset(slot + k - 1)  # the last slot is in range too
+        bv = bounce.view
+        tail = plan.tail
+        iov: list = []
+        at_page: list[int] = []
+        for q, spans in enumerate(spans_list):
+            at_page.append(len(iov))
+            iov += spans.pieces()
+            base = q * stride
+            iov += [bv[base + at:base + at + n] for _, _, at, n in tail]
+        try:
+            self._readv(iov, offset, plan.align, k * self.slot_bytes)
+        except _Refused:
+            return None
+        c = self.counters
+        c["span_reads"] += k
+        c["run_reads"] += 1
+        c["run_pages"] += k
+        c["direct_bytes"] += k * plan.direct_bytes
+        c["bounced_bytes"] += k * (plan.payload_bytes - plan.direct_bytes)
+        n_spans, t = len(plan.span_segments), plan.trailer_at
+        return [(bytes(bv[q * stride + t:q * stride + t + HEADER_SIZE]), iov[a:a + n_spans])
+                for q, a in enumerate(at_page)]
+
     def _run(self, plan: ReadPlan, spans, bounce: AlignedBuffer, offset: int,
              verify_first: bool = False) -> "tuple[list, tuple | None]":
         if len(bounce) < plan.bounce_bytes or bounce.address % self.align.mem:
@@ -261,13 +305,15 @@ class SlabReader:
                 views[i][s:s + n] = bv[at:at + n]
         return iov, None
 
-    def _readv(self, iov: list, offset: int, align: DioAlignment) -> None:
-        """Fill every view of ``iov`` from ``offset`` on, in order: one ``preadv`` of the whole slot, the common
-        case; short transfers are continued and more than IOV_MAX views split, each call starting at a segment
-        boundary (an aligned file offset). ``iov`` itself is never changed (the caller hashes its views)."""
+    def _readv(self, iov: list, offset: int, align: DioAlignment, total: "int | None" = None) -> None:
+        """Fill every view of ``iov`` (``total`` bytes: one slot unless given) from ``offset`` on, in order: one
+        ``preadv``, the common case; short transfers are continued and more than IOV_MAX views split, each call
+        starting at a segment boundary (an aligned file offset). ``iov`` itself is never changed (the caller hashes
+        its views)."""
+        total = self.slot_bytes if total is None else total
         if len(iov) <= _IOV_MAX:
             got = self._preadv(iov, offset, align)
-            if got == self.slot_bytes:
+            if got == total:
                 return
         else:
             got = 0
@@ -280,7 +326,7 @@ class SlabReader:
                 todo[0] = todo[0][got:]
             if not todo:
                 return
-            pos = offset + self.slot_bytes - sum(len(v) for v in todo)
+            pos = offset + total - sum(len(v) for v in todo)
             got = self._preadv(todo[:_IOV_MAX], pos, align)
             if got <= 0:
                 if not self.tolerant:

@@ -13,6 +13,11 @@ tail, the pad and the header, a destination whose address does not fit) goes thr
 buffer (read_plan.py). Then the header is checked, and the payload checksum is computed over the bytes where
 they landed; a page that fails is a miss.
 
+Pages of one call in adjacent slots of one slab come off the disk together (issue 28): :meth:`Reloader.units` groups
+them, in slot order, into units of up to ``read_coalesce_bytes``, and :meth:`Reloader.land_run` reads a unit in one
+transfer (each page's spans and its own pad and header, nothing else: ``SlabReader.read_run``), then checks each page
+as if it were read alone. A unit whose transfer fails or whose pages cannot share one plan is read page by page.
+
 Reads never wait on a checksum (issue 28): :meth:`Reloader.run_all` keeps ``reload_threads`` reads in flight on
 the read pool. With fewer than :data:`HAND_OFF_BELOW` readers each hands its landed page (views of the destination's
 own bytes and the checksum its header promises) to a queue and issues its next read at once; the caller's thread
@@ -128,11 +133,11 @@ def _verified(r) -> "tuple[bool, object]":
     return (True, BlobCheck.OK) if ok else (False, BlobCheck.PAYLOAD_CHECKSUM)
 
 
-def _staged(fn, job):
+def _stage1(fn, jobs: list) -> list:
     try:
-        return fn(job)
-    except Exception:  # noqa: BLE001 - ``fn`` maps its own errors; anything else still costs only this page
-        return False, ReloadMiss.ERROR
+        return fn(jobs)
+    except Exception:  # noqa: BLE001 - ``fn`` maps its own errors; anything else costs only this unit's pages
+        return [(False, ReloadMiss.ERROR)] * len(jobs)
 
 
 def blames_entry(why) -> bool:
@@ -252,7 +257,7 @@ class Reloader:
                         self.c.reload_bad_dst += 1
                         self._warn_once("bad_dst", "L3 reload: destination refused (%s); the page is a miss", refused)
 
-                def run(job):
+                def one(job):
                     i, where = job
                     try:
                         if borrowed[i] is not None:
@@ -263,8 +268,13 @@ class Reloader:
                     except Exception:  # EIO on read, ... -> miss
                         return False, ReloadMiss.ERROR
 
+                def run(unit):
+                    if len(unit) == 1:
+                        return [one(unit[0])]
+                    return self.land_run(st, [(hashes[i], entries[i], where) for i, where in unit], layout, one, unit)
+
                 # Run.
-                results = self.run_all(run, jobs)
+                results = self.run_all(run, jobs, self.units(st, jobs, entries, borrowed))
             finally:
                 self._staged.give_back(borrowed)
             self._account(st, kind, n, jobs, results, borrowed, ikeys, entries, out)
@@ -301,20 +311,32 @@ class Reloader:
         self._note_reloads(kind, touched, bad)
 
     # ------------------------------------------------------------------ reads
-    def run_all(self, fn, jobs: list) -> list:
-        """``[verified(fn(job)) for job in jobs]``: each job's read on the read pool, ``reload_threads`` in flight
-        (interleaved runs, one task per reader: a task per page paid a future and a wake-up each), its checksum on
-        the caller's thread (helped as the module docstring says). ``fn`` returns a final ``(ok, why)`` (a miss
-        before the payload, a staged copy) or a :class:`_Landed` page, which is a hit only once its checksum
-        matched. Returns when every read and checksum has finished: no thread of this call touches a destination
-        or a result after that. Invariant: no pool task ever waits on another task (readers wait on their reads,
-        helpers never block), so calls running at the same time cannot deadlock the pools."""
+    def run_all(self, fn, jobs: list, units: "list[list[int]] | None" = None) -> list:
+        """``[verified(r) for r in fn(...)]`` over ``jobs``, read unit by unit: ``units`` lists job positions (a page,
+        or pages of adjacent slots read in one transfer; default: a unit a job), and ``fn`` takes one unit's jobs and
+        returns one result per job. Each unit's read runs on the read pool, ``reload_threads`` in flight (interleaved
+        runs, one task per reader: a task per page paid a future and a wake-up each), each page's checksum on the
+        caller's thread (helped as the module docstring says). A result is a final ``(ok, why)`` (a miss before the
+        payload, a staged copy) or a :class:`_Landed` page, which is a hit only once its checksum matched. Returns
+        when every read and checksum has finished: no thread of this call touches a destination or a result after
+        that. Invariant: no pool task ever waits on another task (readers wait on their reads, helpers never block),
+        so calls running at the same time cannot deadlock the pools."""
         n = len(jobs)
-        if n <= 1:  # nothing to overlap
-            return [_verified(_staged(fn, job)) for job in jobs]
-        readers = min(self.config.reload_threads, n)
-        hash_here = self.config.reload_threads >= HAND_OFF_BELOW
+        if units is None:
+            units = [[j] for j in range(n)]
         out: list = [None] * n
+
+        def read(unit: list) -> list:
+            rs = _stage1(fn, [jobs[j] for j in unit])
+            return rs if len(rs) == len(unit) else [(False, ReloadMiss.ERROR)] * len(unit)
+
+        if len(units) <= 1:  # nothing to overlap
+            for u in units:
+                for j, r in zip(u, read(u)):
+                    out[j] = _verified(r)
+            return out
+        readers = min(self.config.reload_threads, len(units))
+        hash_here = self.config.reload_threads >= HAND_OFF_BELOW
         landed: "queue.SimpleQueue" = queue.SimpleQueue()
         lock = threading.Lock()
         left = [n]  # results not final yet
@@ -348,25 +370,25 @@ class Reloader:
                     helping[0] -= 1
 
         def reader(k: int) -> None:
-            for i in range(k, n, readers):
-                r = _staged(fn, jobs[i])
-                if not isinstance(r, _Landed):
-                    final(i, r)
-                    continue
-                if hash_here:  # enough readers: the others keep the disk busy while this one hashes
-                    final(i, _verified(r))
-                    continue
-                landed.put((i, r))
-                if landed.qsize() > 1 and helping[0] < self.helpers:
-                    with lock:
-                        spawn = helping[0] < self.helpers
-                        helping[0] += spawn
-                    if spawn:
-                        try:
-                            self.hash_pool.submit(helper)
-                        except RuntimeError:  # shut down: the caller hashes alone
-                            with lock:
-                                helping[0] -= 1
+            for u in units[k::readers]:
+                for i, r in zip(u, read(u)):
+                    if not isinstance(r, _Landed):
+                        final(i, r)
+                        continue
+                    if hash_here:  # enough readers: the others keep the disk busy while this one hashes
+                        final(i, _verified(r))
+                        continue
+                    landed.put((i, r))
+                    if landed.qsize() > 1 and helping[0] < self.helpers:
+                        with lock:
+                            spawn = helping[0] < self.helpers
+                            helping[0] += spawn
+                        if spawn:
+                            try:
+                                self.hash_pool.submit(helper)
+                            except RuntimeError:  # shut down: the caller hashes alone
+                                with lock:
+                                    helping[0] -= 1
             drain()  # out of reads: help hash the tail
 
         futures = []
@@ -379,6 +401,38 @@ class Reloader:
             final(item[0], _verified(item[1]))
         for f in futures:
             f.result()  # the readers' last step is a drain that finds nothing: quick
+        return out
+
+    def units(self, st: KindState, jobs: list, entries: list, borrowed: list) -> "list[list[int]]":
+        """The call's reads (positions in ``jobs``): pages in adjacent slots of one slab, in slot order, are one unit
+        of up to ``read_coalesce_bytes`` (one transfer: :meth:`land_run`); every other page (staged, or alone) a unit
+        of its own. Runs are cut short so each reader gets at least two (a read in flight while the page before it is
+        hashed, also with one reader). Sorted by slot: the disk sees each reader's reads in file order."""
+        cap = min(self.config.read_coalesce_bytes // st.slot_bytes,
+                  len(jobs) // (2 * min(self.config.reload_threads, len(jobs)) or 1))
+        if cap < 2:
+            return [[j] for j in range(len(jobs))]
+        out: list[list[int]] = []
+        slab = []
+        for j, (i, _) in enumerate(jobs):
+            if borrowed[i] is not None:
+                out.append([j])
+            else:
+                e = entries[i]
+                slab.append((e.rank, e.disk, e.slot, j))
+        slab.sort()
+        run: list[int] = []
+        prev = None
+        for r, d, slot, j in slab:
+            if run and len(run) < cap and prev == (r, d, slot - 1):
+                run.append(j)
+            else:
+                if run:
+                    out.append(run)
+                run = [j]
+            prev = (r, d, slot)
+        if run:
+            out.append(run)
         return out
 
     def read_into(self, st: KindState, content_hash: bytes, e: IndexEntry, dst) -> "tuple[bool, object]":
@@ -424,6 +478,13 @@ class Reloader:
                                         else rd.read_spans(e.slot, spans, plan, bounce, verify_first=True))
         except ShortRead:
             return False, ReloadMiss.SHORT_READ
+        return self._landed(rd, st, content_hash, spans, trailer, pieces, pending)
+
+    def _landed(self, rd: SlabReader, st: KindState, content_hash: bytes, spans: PageSpans, trailer: bytes,
+                pieces: list, pending) -> "_Landed | tuple[bool, object]":
+        """A read page's header checked against the page asked for: a miss with its reason, or the page's
+        :class:`_Landed` (its payload checksum still to run); a verify-first page (``pending``) is checked and
+        copied here."""
         header, why = parse_header_reason(trailer)
         if header is None:
             head = bytes(pieces[0][:HEADER_SIZE]) if pending is not None else spans.head(HEADER_SIZE)
@@ -443,6 +504,47 @@ class Reloader:
         # ``pieces`` are the spans' own bytes (read_spans: views of the destination, never of the bounce buffer this
         # thread reuses for its next read), so the checksum may run later, on another thread.
         return _Landed(pieces, header.payload_checksum)
+
+    def land_run(self, st: KindState, pages: list, layout: "PageLayout | None", one, jobs: list) -> list:
+        """Stage 1 of a unit of pages in adjacent slots (:meth:`units`): ``pages`` is ``[(content_hash, entry,
+        destination)]`` in slot order, read in as few transfers as the kernel's iovec limit allows
+        (:meth:`SlabReader.read_run`), each page then checked like a page read alone. Where the pages cannot share
+        one plan (a destination off the others' alignment, a layout whose spans are not all direct), the transfer
+        fails (EIO, the file ends) or the kernel refuses it, each page is read alone (``one(jobs[q])``): an error
+        costs only the page it is in."""
+        rd = self._reader(st, pages[0][1])
+        if rd is None:
+            return [(False, ReloadMiss.NO_SLAB)] * len(pages)
+        first = pages[0][1].slot
+        spans_all, plan = [], None
+        for q, (_, e, where) in enumerate(pages):
+            if layout is None:
+                spans = PageSpans.flat(byte_view(where), st.page_bytes)
+                p = plan_read(spans.lengths, (spans.bases[0] % rd.align.mem,), st.slot_bytes, rd.align, True)
+            else:
+                spans = layout.page_spans(where)
+                p = layout.read_plan(where, st.slot_bytes, rd.align, self.vectored or len(spans.lengths) == 1)
+            if p.tail is None or (plan is not None and p is not plan and p != plan) or e.slot != first + q:
+                return [one(job) for job in jobs]
+            plan = p
+            spans_all.append(spans)
+        mem = rd.align.mem
+        stride = -(-plan.bounce_bytes // mem) * mem
+        try:
+            got = rd.read_run(first, spans_all, plan, self._bounce((len(pages) - 1) * stride + plan.bounce_bytes),
+                              stride)
+        except Exception:  # noqa: BLE001 - EIO, the file ends, ...: each page alone says which
+            got = None
+        if got is None:
+            return [one(job) for job in jobs]
+        out = []
+        for (h, _, _), spans, (trailer, pieces) in zip(pages, spans_all, got):
+            try:
+                out.append(self._landed(rd, st, h, spans, trailer, pieces, None))
+            except Exception:  # noqa: BLE001 - as for a page read alone
+                out.append((False, ReloadMiss.ERROR))
+        return out
+
 
     def _reader(self, st: KindState, e: IndexEntry) -> "SlabReader | None":
         return self._readers.get((e.rank, e.disk, st.kind)) or self._open(e.rank, e.disk, st.kind)

@@ -243,7 +243,10 @@ def store_config(root: str, n: int, slot: int, args, *, batch: "int | None" = No
         "queues": {"staging_bytes": args.staging_mb * 2**20, "max_inflight": 4096,
                    "write_batch_pages": batch or args.batch_pages,
                    "io_threads": io_threads or _threads(args.io_threads),
-                   "reload_threads": reload_threads or _threads(args.reload_threads)},
+                   "reload_threads": reload_threads or _threads(args.reload_threads),
+                   # only when asked: an engine from before the key (benchmark/l3_ab.py's "before") refuses it
+                   **({"read_coalesce_bytes": args.read_coalesce}
+                      if getattr(args, "read_coalesce", None) is not None else {})},
     })
 
 
@@ -478,14 +481,23 @@ def bench_page_size(page: int, args) -> dict:
             else:
                 res["fio"]["points"][kind].append(ref.run(kind))
 
+        per_transfer: dict = {}
+
         def reload_pass(name, layout, vectored):
             if vectored is not None:
                 reads.vectored = vectored
+            io0 = reads.io_counters() if hasattr(reads, "io_counters") else {}
             t, hits = reload_all(store, keys, layout)
             if default is not None:
                 reads.vectored = default
             if hits != n:
                 raise RuntimeError(f"reload ({name}) hit {hits} of {n}")
+            if io0:  # pages per transfer of this pass (adjacent slots read together: read_coalesce_bytes)
+                io = {k: v - io0.get(k, 0) for k, v in reads.io_counters().items()}
+                transfers = io["span_reads"] - io.get("run_pages", 0) + io.get("run_reads", 0)
+                if transfers:
+                    per_transfer[name + {None: "", True: " vectored", False: " single"}[vectored]] = \
+                        io["span_reads"] / transfers
             return t
 
         # Each measurement sits next to its reference, in an order that flips every repeat (A B, B A, ...), and each
@@ -531,6 +543,8 @@ def bench_page_size(page: int, args) -> dict:
                                       False: "single transfer"}[default]
         res["dio_alignment"] = reads.alignment() if hasattr(reads, "alignment") else "n/a (this engine)"
         res["io_counters"] = reads.io_counters() if hasattr(reads, "io_counters") else {}
+        res["read_coalesce_bytes"] = getattr(cfg, "read_coalesce_bytes", None)  # None: an engine without it
+        res["pages_per_transfer"] = per_transfer
     finally:
         store.close()
         if os.path.exists(raw_path):
@@ -733,6 +747,10 @@ def render(results: list[dict], load: "dict | None", args, failed: "list[str] | 
                          for k, x in (("write", fw), ("read", fr)) if x) or "-"
         lines.append(f"{'':>9} | store threads: io_threads={r['io_threads']} (writes in flight), reload_threads="
                      f"{r['reload_threads']} (reads in flight), checksums {hashing}; fio best: {best}")
+        if r.get("pages_per_transfer"):
+            per = ", ".join(f"{k.replace('_', '-')} {v:.1f}" for k, v in r["pages_per_transfer"].items())
+            lines.append(f"{'':>9} | reload pages per transfer: {per} (adjacent slots read together up to [queues] "
+                         f"read_coalesce_bytes = {r.get('read_coalesce_bytes')} B)")
         lines.append(f"{'':>9} | io_mode={r['io_mode']} pages={r['pages']} layers={r['layers']} spill retries "
                      f"(staging full)={r['spill_retries']} dio={r['dio_alignment']} raw+xxh3={r['raw_mode']}")
     if load:
@@ -754,6 +772,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--reload-threads", type=_threads_arg, default=4,
                     help="[queues] reload_threads (reads in flight), and the raw read's threads; 'fio': fio's best "
                          f"random read iodepth x numjobs (at most {FIO_THREADS_MAX})")
+    ap.add_argument("--read-coalesce", default=None, metavar="SIZE",
+                    help="[queues] read_coalesce_bytes (e.g. 8MiB; 0: one read a page); default: the engine's")
     ap.add_argument("--batch-pages", type=int, default=32, help="[queues] write_batch_pages")
     ap.add_argument("--staging-mb", type=int, default=256, help="[queues] staging_bytes, in MiB")
     ap.add_argument("--load-pages", type=int, default=0,

@@ -84,7 +84,7 @@ N = 24
 
 class Host:
     """N destinations in one guarded mapping: flat page-first arrays 1-2 KiB apart (odd addresses included), a
-    page-first layout, or a layer-first layout in two buffers with a gap; ``page_bytes(p)`` are the bytes page p
+    page-first layout, a layer-first layout in two buffers with a gap, or in one; ``page_bytes(p)`` are the bytes page p
     may change, everything else must stay GUARD."""
 
     def __init__(self, form):
@@ -96,6 +96,11 @@ class Host:
         elif form == "page_first":
             self.arr = guarded(N * PB + 8192)
             self.layout = PageLayout.page_first(self.arr[4096:4096 + N * PB], page_bytes=PB, num_pages=N)
+        elif form == "layer_first_one_buffer":  # SGLang's layer-first pool: one buffer, every chunk 4 KiB-aligned+
+            self.arr = guarded(LAYERS * N * CHUNK + 8192)
+            self.layout = PageLayout.layer_first(self.arr[4096:4096 + LAYERS * N * CHUNK], n_layers=LAYERS,
+                                                 slice_bytes=CHUNK, num_pages=N)
+            self.layer_at = [4096 + l * N * CHUNK for l in range(LAYERS)]
         else:
             half, gap = LAYERS // 2, 4096 + 7
             self.arr = guarded(LAYERS * N * CHUNK + gap + 8192)
@@ -196,15 +201,23 @@ def test_reads_never_wait_on_a_checksum(tmp_path, monkeypatch):
     s = open_store(tmp_path, threads=1)
     try:
         spill(s, range(8))
-        reads = [0]
-        real_read, real_sum = SlabReader.read_spans, reload_mod.checksum_views
+        reads = [0]  # pages read, alone (read_spans) or with their slot neighbours in one transfer (read_run)
+        real_read, real_run, real_sum = SlabReader.read_spans, SlabReader.read_run, reload_mod.checksum_views
         all_read = threading.Event()
+
+        def landed(pages):
+            reads[0] += pages
+            if reads[0] == 8:
+                all_read.set()
 
         def counted(self, *a, **kw):
             r = real_read(self, *a, **kw)
-            reads[0] += 1
-            if reads[0] == 8:
-                all_read.set()
+            landed(1)
+            return r
+
+        def counted_run(self, slot, spans_list, *a, **kw):
+            r = real_run(self, slot, spans_list, *a, **kw)
+            landed(len(spans_list))
             return r
 
         seen, first = [], threading.Lock()
@@ -216,6 +229,7 @@ def test_reads_never_wait_on_a_checksum(tmp_path, monkeypatch):
             return real_sum(pieces)
 
         monkeypatch.setattr(SlabReader, "read_spans", counted)
+        monkeypatch.setattr(SlabReader, "read_run", counted_run)
         monkeypatch.setattr(reload_mod, "checksum_views", held)
         host = Host("page_first")
         assert host.reload(s, range(8), list(range(8))) == [True] * 8
@@ -331,3 +345,135 @@ def test_few_readers_hand_their_pages_off_many_hash_their_own(tmp_path, monkeypa
     finally:
         s.close()
 
+
+
+# ------------------------------------------------------------------------------ reads of adjacent slots (issue 28)
+def open_coalescing(tmp_path, coalesce, threads=2):
+    cfg = L3Config.from_dict({
+        "deployment_id": "ov", "disks": [{"path": str(tmp_path / "disk"), "budget": 40 * slot_bytes_for(PB)}],
+        "index": {"path": str(tmp_path / "index"), "map_size": 2**24},
+        "queues": {"staging_bytes": 16 * slot_bytes_for(PB), "io_threads": 2, "reload_threads": threads,
+                   "read_coalesce_bytes": coalesce},
+    })
+    return L3Store.open(cfg, rank=0, namespace=NS, page_bytes={K: PB})
+
+
+def slots_of(s, idxs):
+    return [s.index.get(s._ikey(K, bytes.fromhex(key(i)))).slot for i in idxs]
+
+
+@pytest.mark.parametrize("form", ["page_first", "layer_first_one_buffer"])
+def test_pages_in_adjacent_slots_are_read_in_one_transfer_and_land_exactly(tmp_path, form):
+    """Pages in adjacent slots come off the disk in one transfer each run (fewer reads than pages), whatever order
+    the call names them in, and land exactly where one read a page puts them; with read_coalesce_bytes = 0 every
+    page is a read of its own. Corrupt pages inside a run are misses and cost only themselves."""
+    results = {}
+    for coalesce in (0, 4 * slot_bytes_for(PB)):
+        d = tmp_path / str(coalesce)
+        d.mkdir()
+        s = open_coalescing(d, coalesce)
+        try:
+            spill(s, range(N))
+            assert sorted(slots_of(s, range(N))) == list(range(N))  # a fresh slab: adjacent slots
+            for i in (5, 13):
+                poke(s, i, "payload_tail")
+            host = Host(form)
+            idxs = list(range(N))[::-1]  # named in descending slot order: still runs
+            pages = [(p * 7) % N for p in range(N)]
+            got = host.reload(s, idxs, pages)
+            assert got == [i not in (5, 13) for i in idxs]
+            host.check(got, idxs, pages)
+            io = s._reloader.io_counters()
+            assert io["span_reads"] == N
+            results[coalesce] = (io["run_reads"], io["run_pages"])
+            assert s.flush(30)
+            assert s.stats()["verify_failures"] == 2 and [s.exists(K, [key(i)]) for i in (5, 13)] == [0, 0]
+        finally:
+            s.close()
+    assert results[0] == (0, 0)
+    reads, pages = results[4 * slot_bytes_for(PB)]
+    # 24 pages, 2 readers: runs of at most 4 pages (the byte cap), at least 2 runs a reader
+    assert pages == N and N // 4 <= reads < N
+
+
+def test_an_io_error_inside_a_run_costs_only_its_page(tmp_path, monkeypatch):
+    """EIO on one slot of a run: the run is read again page by page, so only the page whose slot fails is a miss
+    (counted as a data-path error on its disk, its entry kept: the bytes were never seen), its neighbours hit."""
+    import os
+
+    s = open_coalescing(tmp_path, 8 * slot_bytes_for(PB))
+    try:
+        spill(s, range(8))
+        bad = slots_of(s, [3])[0] * slot_bytes_for(PB)
+        real = os.preadv
+        runs = []
+
+        def failing(fd, iov, pos):
+            n = sum(len(v) for v in iov)
+            if n > slot_bytes_for(PB):
+                runs.append(n)
+            if pos <= bad < pos + n:
+                raise OSError(5, "Input/output error")
+            return real(fd, iov, pos)
+
+        monkeypatch.setattr(os, "preadv", failing)
+        host = Host("page_first")
+        got = host.reload(s, range(8), list(range(8)))
+        monkeypatch.setattr(os, "preadv", real)
+        assert runs, "no transfer covered more than one slot"
+        assert got == [i != 3 for i in range(8)]
+        host.check(got, range(8), list(range(8)))
+        st = s.stats()
+        assert st["data_path_errors"] == 1 and st["verify_failures"] == 0
+        assert sum(d.get("read_errors", 0) for d in st["per_disk"].values()) == 1
+        assert s.exists(K, [key(3)]) == 1
+    finally:
+        s.close()
+
+
+def test_a_run_past_the_end_of_its_slab_serves_the_pages_before_the_end(tmp_path):
+    """A slab cut short (another rank's file, a truncated copy): the run's transfer ends early; the pages whose
+    slots are whole still hit, the ones past the end are misses."""
+    import os
+
+    s = open_coalescing(tmp_path, 8 * slot_bytes_for(PB))
+    try:
+        spill(s, range(8))
+        assert slots_of(s, range(8)) == list(range(8))
+        os.truncate(s.slab(K).path, 5 * slot_bytes_for(PB) + 100)  # inside the run of slots 4-5
+        host = Host("page_first")
+        got = host.reload(s, range(8), list(range(8)))
+        assert got == [i < 5 for i in range(8)]
+        host.check(got, range(8), list(range(8)))
+    finally:
+        s.close()
+
+
+def test_units_group_adjacent_slots_of_one_slab_only():
+    """The call's reads: adjacent slots of one (rank, disk) in slot order, at most read_coalesce_bytes a unit and at
+    least two units a reader; staged pages and pages on other disks or beyond a gap stand alone."""
+    from types import SimpleNamespace
+
+    from sglang_glm_ext.l3.engine.reload import Reloader
+
+    def units(slots, coalesce_pages=8, threads=1, staged=()):
+        slot_bytes = 4096
+        me = SimpleNamespace(config=SimpleNamespace(read_coalesce_bytes=coalesce_pages * slot_bytes,
+                                                    reload_threads=threads))
+        st = SimpleNamespace(slot_bytes=slot_bytes)
+        entries = [SimpleNamespace(rank=r, disk=d, slot=sl) for r, d, sl in slots]
+        borrowed = [object() if i in staged else None for i in range(len(slots))]
+        jobs = [(i, i) for i in range(len(slots))]
+        got = Reloader.units(me, st, jobs, entries, borrowed)
+        assert sorted(j for u in got for j in u) == list(range(len(slots)))  # every job exactly once
+        return sorted(got)
+
+    # 7 pages, 1 reader: runs of at most 3 (two units a reader at least)
+    assert units([(0, 0, s) for s in (9, 3, 4, 5, 10, 12, 8)]) == [[1, 2, 3], [5], [6, 0, 4]]
+    # another disk, another rank: not adjacent, whatever the slot numbers
+    assert units([(0, 0, 1), (0, 1, 2), (1, 0, 3), (0, 0, 2)]) == [[0, 3], [1], [2]]
+    # a staged page stands alone, and its slot-less gap ends the run before it
+    assert units([(0, 0, s) for s in range(8)], staged={2}) == [[0, 1], [2], [3, 4, 5, 6], [7]]
+    assert max(len(u) for u in units([(0, 0, s) for s in range(64)], coalesce_pages=8)) == 8
+    assert len(units([(0, 0, s) for s in range(8)], threads=4)) == 8  # runs would leave a reader fewer than 2
+    assert all(len(u) == 1 for u in units([(0, 0, s) for s in range(64)], coalesce_pages=1))
