@@ -19,7 +19,8 @@ Direct reads into the caller's memory (:meth:`SlabReader.read_spans`): the align
 the file itself at open (``align``, dio_align.py) and a :class:`~.read_plan.ReadPlan` says which bytes go straight
 into the page's spans and which through the caller's bounce buffer. A transfer the kernel refuses anyway (EINVAL:
 the file system reported less than it needs) makes the reader fall back, for good, to 4 KiB plans, then to
-buffered reads; the read is redone, so the caller sees only the bytes.
+buffered reads; the read is redone, so the caller sees only the bytes. :meth:`SlabReader.read_run` reads several
+adjacent slots in one transfer the same way (each page's spans, then its own pad and header).
 """
 
 from __future__ import annotations
