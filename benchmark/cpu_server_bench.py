@@ -48,9 +48,9 @@ def _settle_backup(url: str) -> None:
 def side(name: str, model: str, work: str, args, env, reqs, log) -> dict:
     runs = {}
     for phase in ("first", "restart"):
-        srv = served.Server(model, os.path.join(work, f"{name}_{phase}.log"), args=args, env=env).start()
+        srv = served.Server(model, os.path.join(work, f"{name}_{phase}.log"), args=args, env=env)
         try:
-            took = srv.wait_ready(600, progress=log)
+            took = srv.start_ready(600, progress=log)
             log(f"[{name}/{phase}] ready in {took:.0f} s")
             replies = [served.chat(srv.url, m, timeout=600) for m in reqs]
             _settle_backup(srv.url)
@@ -70,9 +70,9 @@ def side(name: str, model: str, work: str, args, env, reqs, log) -> dict:
 
 def calibrate(model: str, work: str, reqs, log) -> dict:
     """TTFT of a cold prefill of the shared prefix vs a one-token prompt, on a plain server."""
-    srv = served.Server(model, os.path.join(work, "calibrate.log")).start()
+    srv = served.Server(model, os.path.join(work, "calibrate.log"))
     try:
-        srv.wait_ready(600, progress=log)
+        srv.start_ready(600, progress=log)
         system = [reqs[0][0], {"role": "user", "content": "x"}]
         one = [{"role": "user", "content": "x"}]
         served.chat(srv.url, one, max_tokens=1)  # warm-up

@@ -139,8 +139,8 @@ class Runner:
         self.n += 1
         log_path = os.path.join(self.work, f"server{self.n}_{name}.log")
         self.log(f"[{name}] starting SGLang's server (log {log_path})")
-        self.server = served.Server(self.model, log_path, args=args, env=env or {}).start()
-        took = self.server.wait_ready(self.timeout, progress=self.log)
+        self.server = served.Server(self.model, log_path, args=args, env=env or {})
+        took = self.server.start_ready(self.timeout, progress=self.log)
         self.log(f"[{name}] ready in {took:.0f} s on {self.server.url}")
         return self.server
 

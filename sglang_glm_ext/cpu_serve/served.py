@@ -44,6 +44,12 @@ class ServerError(RuntimeError):
     """The server died, did not come up in time, or answered a request with an error."""
 
 
+class PortInUse(ServerError):
+    """The server could not bind its port: another process took it between :func:`free_port` and the bind (SGLang
+    binds its HTTP port only after loading the model, and its own workers pick free ports meanwhile). SGLang 0.5.23
+    then logs uvicorn's error and waits for shutdown instead of exiting, so this is read from the log."""
+
+
 def free_port() -> int:
     import socket
 
@@ -116,6 +122,9 @@ class Server:
                         return time.monotonic() - t0
             except (urllib.error.URLError, OSError, ValueError):
                 pass
+            if f"attempting to bind on address ('127.0.0.1', {self.port})" in self.log_tail(40):
+                raise PortInUse(f"port {self.port} was taken before the server bound it; log {self.log_path}:\n"
+                                f"{self.log_tail()}")
             now = time.monotonic()
             if now - t0 > timeout:
                 raise ServerError(f"the server was not ready after {timeout:.0f} s; log {self.log_path}:\n"
@@ -125,6 +134,23 @@ class Server:
                 tail = self.log_tail(1).strip()[-110:]
                 progress(f"  ... server starting ({now - t0:.0f} s): {tail}")
             time.sleep(1.0)
+
+    def start_ready(self, timeout: float = 300.0, progress: Callable[[str], None] | None = None,
+                    attempts: int = 3) -> float:
+        """:meth:`start`, then :meth:`wait_ready`; a port another process took meanwhile (:class:`PortInUse`) is
+        given up for a fresh one, up to ``attempts`` starts. Seconds the last start took to be ready."""
+        for k in range(attempts):
+            self.start()
+            try:
+                return self.wait_ready(timeout, progress)
+            except PortInUse:
+                self.stop()
+                if k == attempts - 1:
+                    raise
+                self.port = free_port()
+                if progress is not None:
+                    progress(f"  ... its port was taken meanwhile: starting again on port {self.port}")
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _signal_group(self, sig) -> None:
         if self.proc is None:

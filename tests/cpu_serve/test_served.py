@@ -67,3 +67,35 @@ def test_parse_metrics_sums_labels_and_skips_buckets():
     assert served.parse_metrics(text) == {"sglang:cp_l3_spill_pages_total": 5.0, "sglang:ttft_sum": 1.5}
     assert served.median([3, 1, 2]) == 2 and served.median([1, 2, 3, 4]) == 2.5
     assert served.percentile([1, 2, 3, 4, 5], 0.9) == pytest.approx(4.6)
+
+
+BIND_ERROR = ("import sys, time; print(\"ERROR:    [Errno 98] error while attempting to bind on address "
+              "('127.0.0.1', %d): address already in use\", flush=True); time.sleep(300)")
+
+
+def test_a_port_taken_before_the_bind_is_seen_at_once_and_start_ready_takes_another(tmp_path, monkeypatch):
+    """SGLang 0.5.23 logs uvicorn's bind error and hangs in shutdown: wait_ready names it within seconds (not after
+    its timeout), and start_ready starts again on a fresh port (a CI run lost two server tests to this race)."""
+    log = str(tmp_path / "p.log")
+    srv = FakeServer("", log)
+    srv.code = BIND_ERROR % srv.port
+    srv.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(served.PortInUse, match=f"port {srv.port} was taken"):
+            srv.wait_ready(120)
+        assert time.monotonic() - t0 < 30
+    finally:
+        srv.stop()
+
+    ports = []
+
+    class Retried(FakeServer):
+        def command(self):
+            ports.append(self.port)
+            return [sys.executable, "-c", BIND_ERROR % self.port]
+
+    srv = Retried("", str(tmp_path / "q.log"))
+    with pytest.raises(served.PortInUse):
+        srv.start_ready(120, attempts=2)
+    assert len(ports) == 2 and ports[0] != ports[1] and not srv.alive()

@@ -68,9 +68,9 @@ def l3_args(cfg: str) -> tuple[str, ...]:
 
 
 def start(model: str, log: str, args=(), env=None) -> served.Server:
-    srv = served.Server(model, log, args=args, env=env or {}).start()
+    srv = served.Server(model, log, args=args, env=env or {})
     try:
-        srv.wait_ready(SERVER_TIMEOUT)
+        srv.start_ready(SERVER_TIMEOUT)
     except BaseException:
         srv.stop()
         raise
