@@ -545,7 +545,6 @@ class Reloader:
                 out.append((False, ReloadMiss.ERROR))
         return out
 
-
     def _reader(self, st: KindState, e: IndexEntry) -> "SlabReader | None":
         return self._readers.get((e.rank, e.disk, st.kind)) or self._open(e.rank, e.disk, st.kind)
 

@@ -494,10 +494,10 @@ def bench_page_size(page: int, args) -> dict:
                 raise RuntimeError(f"reload ({name}) hit {hits} of {n}")
             if io0:  # pages per transfer of this pass (adjacent slots read together: read_coalesce_bytes)
                 io = {k: v - io0.get(k, 0) for k, v in reads.io_counters().items()}
-                transfers = io["span_reads"] - io.get("run_pages", 0) + io.get("run_reads", 0)
+                pages = io.get("span_reads", 0)
+                transfers = pages - io.get("run_pages", 0) + io.get("run_reads", 0)
                 if transfers:
-                    per_transfer[name + {None: "", True: " vectored", False: " single"}[vectored]] = \
-                        io["span_reads"] / transfers
+                    per_transfer[name + {None: "", True: " vectored", False: " single"}[vectored]] = pages / transfers
             return t
 
         # Each measurement sits next to its reference, in an order that flips every repeat (A B, B A, ...), and each
