@@ -14,9 +14,9 @@ buffer (read_plan.py). Then the header is checked, and the payload checksum is c
 they landed; a page that fails is a miss.
 
 Pages of one call in adjacent slots of one slab come off the disk together (issue 28): :meth:`Reloader.units` groups
-them, in slot order, into units of up to ``read_coalesce_bytes``, and :meth:`Reloader.land_run` reads a unit in one
-transfer (each page's spans and its own pad and header, nothing else: ``SlabReader.read_run``), then checks each page
-as if it were read alone. A unit whose transfer fails or whose pages cannot share one plan is read page by page.
+them, in slot order, into units of up to ``read_coalesce_bytes``, cut to equal shares for the readers (each takes
+the next unit whenever it is free), and :meth:`Reloader.land_run` reads a unit in one transfer (each page's spans and
+its own pad and header, nothing else: ``SlabReader.read_run``), then checks each page as if it were read alone. A unit whose transfer fails or whose pages cannot share one plan is read page by page.
 
 Reads never wait on a checksum (issue 28): :meth:`Reloader.run_all` keeps ``reload_threads`` reads in flight on
 the read pool. With fewer than :data:`HAND_OFF_BELOW` readers each hands its landed page (views of the destination's
@@ -43,6 +43,7 @@ blobs: readers take no lock (slab_reader.py says why that is safe).
 from __future__ import annotations
 
 import bisect
+import collections
 import logging
 import queue
 import threading
@@ -314,8 +315,9 @@ class Reloader:
     def run_all(self, fn, jobs: list, units: "list[list[int]] | None" = None) -> list:
         """``[verified(r) for r in fn(...)]`` over ``jobs``, read unit by unit: ``units`` lists job positions (a page,
         or pages of adjacent slots read in one transfer; default: a unit a job), and ``fn`` takes one unit's jobs and
-        returns one result per job. Each unit's read runs on the read pool, ``reload_threads`` in flight (interleaved
-        runs, one task per reader: a task per page paid a future and a wake-up each), each page's checksum on the
+        returns one result per job. Each unit's read runs on the read pool, ``reload_threads`` in flight (one task per
+        reader, which takes the next unit in ``units``' order whenever it is free: a task per page paid a future and a
+        wake-up each, and a fixed share per reader left the call waiting on its slowest reader), each page's checksum on the
         caller's thread (helped as the module docstring says). A result is a final ``(ok, why)`` (a miss before the
         payload, a staged copy) or a :class:`_Landed` page, which is a hit only once its checksum matched. Returns
         when every read and checksum has finished: no thread of this call touches a destination or a result after
@@ -369,8 +371,14 @@ class Reloader:
                 with lock:
                     helping[0] -= 1
 
-        def reader(k: int) -> None:
-            for u in units[k::readers]:
+        todo = collections.deque(units)  # popleft() is atomic: each unit is read exactly once
+
+        def reader() -> None:
+            while True:
+                try:
+                    u = todo.popleft()
+                except IndexError:
+                    break
                 for i, r in zip(u, read(u)):
                     if not isinstance(r, _Landed):
                         final(i, r)
@@ -392,11 +400,11 @@ class Reloader:
             drain()  # out of reads: help hash the tail
 
         futures = []
-        for k in range(readers):
+        for _ in range(readers):
             try:
-                futures.append(self.pool.submit(reader, k))
+                futures.append(self.pool.submit(reader))
             except RuntimeError:  # the pool is shut down (store closing): read on this thread
-                reader(k)
+                reader()
         while (item := landed.get()) is not None:
             final(item[0], _verified(item[1]))
         for f in futures:
@@ -404,36 +412,54 @@ class Reloader:
         return out
 
     def units(self, st: KindState, jobs: list, entries: list, borrowed: list) -> "list[list[int]]":
-        """The call's reads (positions in ``jobs``): pages in adjacent slots of one slab, in slot order, are one unit
-        of up to ``read_coalesce_bytes`` (one transfer: :meth:`land_run`); every other page (staged, or alone) a unit
-        of its own. Runs are cut short so each reader gets at least two (a read in flight while the page before it is
-        hashed, also with one reader). Sorted by slot: the disk sees each reader's reads in file order."""
-        cap = min(self.config.read_coalesce_bytes // st.slot_bytes,
-                  len(jobs) // (2 * min(self.config.reload_threads, len(jobs)) or 1))
-        if cap < 2:
-            return [[j] for j in range(len(jobs))]
-        out: list[list[int]] = []
+        """The call's reads (positions in ``jobs``), in the order the readers take them: pages in adjacent slots of
+        one slab, in slot order, are one unit of up to ``read_coalesce_bytes`` (one transfer: :meth:`land_run`);
+        every other page (staged, or alone) a unit of its own.
+
+        Units are cut to equal shares. With R readers (``reload_threads``, at most one a page) each gets at least two
+        units (a read in flight while the unit before it is hashed, also with one reader), and a run of adjacent
+        slots is split into near-equal pieces of at most n / (R * m) pages, m = the units a reader needs at the byte
+        cap: 128 pages at the 8 MiB cap of 1 MiB pages are 24 units of 5-6 pages, 16 pages a reader (runs of 7 were
+        19 units dealt round-robin: 21 pages to two readers, 14 to the others, while the call waits for its last).
+        Largest first (then slot order), staged pages last: readers take the next unit whenever they are free
+        (:meth:`run_all`), so a slow read (a slow drive) holds back only its own unit, and the units left for the end
+        are the short ones. On the GPU machine's disk the reload's GB/s did not move beyond its swing either way
+        (docs_internal/l3_design.md, issue 28, run 11)."""
+        n_slab = sum(1 for i, _ in jobs if borrowed[i] is None)
+        readers = max(1, min(self.config.reload_threads, n_slab))
+        cap = self.config.read_coalesce_bytes // st.slot_bytes
+        slices = readers * max(2, -(-n_slab // (readers * max(cap, 1))))  # units at the cap, two a reader at least
+        single = cap < 2 or n_slab < 2 * slices  # a unit would be one page
+        staged: list[list[int]] = []
         slab = []
         for j, (i, _) in enumerate(jobs):
             if borrowed[i] is not None:
-                out.append([j])
+                staged.append([j])
             else:
                 e = entries[i]
                 slab.append((e.rank, e.disk, e.slot, j))
+        if single:
+            return [[j] for *_, j in sorted(slab)] + staged
         slab.sort()
-        run: list[int] = []
+        runs: list[list[int]] = []
         prev = None
         for r, d, slot, j in slab:
-            if run and len(run) < cap and prev == (r, d, slot - 1):
-                run.append(j)
+            if runs and prev == (r, d, slot - 1):
+                runs[-1].append(j)
             else:
-                if run:
-                    out.append(run)
-                run = [j]
+                runs.append([j])
             prev = (r, d, slot)
-        if run:
-            out.append(run)
-        return out
+        out: list[list[int]] = []
+        for run in runs:
+            k = -(-len(run) * slices // n_slab)  # near-equal pieces of <= n_slab / slices (<= cap) pages
+            base, extra = divmod(len(run), k)
+            at = 0
+            for q in range(k):
+                size = base + (q < extra)
+                out.append(run[at:at + size])
+                at += size
+        out.sort(key=len, reverse=True)  # stable: equal sizes stay in slot order
+        return out + staged
 
     def read_into(self, st: KindState, content_hash: bytes, e: IndexEntry, dst) -> "tuple[bool, object]":
         """Read the page ``e`` names into ``dst[:page_bytes]`` (a writable flat byte array the caller checked) and
