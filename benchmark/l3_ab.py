@@ -31,6 +31,7 @@ _METRICS = [("spill GB/s", "spill_gbps", "GB/s", True), ("raw write GB/s", "raw_
             ("spill CPU s/GB", "spill_cpu_s_per_gb", "s/GB", False),
             ("fio write CPU s/GB", "fio_write_cpu_s_per_gb", "s/GB", False),
             ("raw read GB/s", "raw_read_gbps", "GB/s", True),
+            ("raw read into the layer-first chunks GB/s", "raw_read_layer_first_gbps", "GB/s", True),
             ("fio best rand read GB/s (paired points)", "fio_read_gbps", "GB/s", True),
             ("fio read CPU s/GB", "fio_read_cpu_s_per_gb", "s/GB", False),
             ("reload_threads (reads in flight)", "reload_threads", "", True),
@@ -83,6 +84,9 @@ def _rows(runs: dict[str, list[dict]]) -> list[str]:
                  paired("after", page, name, "gbps_vs_raw"))
             line(page, "  / raw read+xxh3 in place", paired("before", page, name, "gbps_vs_raw_xxh3"),
                  paired("after", page, name, "gbps_vs_raw_xxh3"))
+            if name.startswith("layer_first"):
+                line(page, "  / raw read into the same chunks", paired("before", page, name, "gbps_vs_raw_in_place"),
+                     paired("after", page, name, "gbps_vs_raw_in_place"))
             line(page, "  / fio best rand read (target >= 0.9x)", vals("before", page, f"reload_{name}_vs_fio"),
                  vals("after", page, f"reload_{name}_vs_fio"))
             line(page, f"reload {tag} CPU s/GB", vals("before", page, c), vals("after", page, c))
