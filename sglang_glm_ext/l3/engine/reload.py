@@ -16,16 +16,18 @@ they landed; a page that fails is a miss.
 Pages of one call in adjacent slots of one slab come off the disk together (issue 28): :meth:`Reloader.units` groups
 them, in slot order, into units of up to ``read_coalesce_bytes``, cut to equal shares for the readers (each takes
 the next unit whenever it is free), and :meth:`Reloader.land_run` reads a unit in one transfer (each page's spans and
-its own pad and header, nothing else: ``SlabReader.read_run``), then checks each page as if it were read alone. A unit whose transfer fails or whose pages cannot share one plan is read page by page.
+its own pad and header, nothing else: ``SlabReader.read_run``), then checks each page as if it were read alone. A
+unit whose transfer fails or whose pages cannot share one plan is read page by page.
 
 Reads never wait on a checksum (issue 28): :meth:`Reloader.run_all` keeps ``reload_threads`` reads in flight on
 the read pool. With fewer than :data:`HAND_OFF_BELOW` readers each hands its landed page (views of the destination's
 own bytes and the checksum its header promises) to a queue and issues its next read at once; the caller's thread
 hashes from the first landed page on, helped by up to :func:`hash_helpers` pool threads when pages queue up and by
 each reader once it is out of reads. With more readers each hashes its own page after its read: the others keep
-the disk busy meanwhile, and the hand-off would only cost CPU. A page is a hit only once its checksum matched, and the call returns only after every read and every
-checksum of the batch has finished. Two pages of one call with the same destination are refused (the second is a
-``bad_dst`` miss): one read could otherwise land over another's verified bytes.
+the disk busy meanwhile, and the hand-off would only cost CPU. A page is a hit only once its checksum matched, and
+the call returns only after every read and every checksum of the batch has finished. Two pages of one call with the
+same destination are refused (the second is a ``bad_dst`` miss): one read could otherwise land over another's
+verified bytes.
 
 Contract (what a caller gets, also in ``L3Store.reload_into``): True means the verified page is in the
 destination. False means a miss, and the destination page's own bytes may have been overwritten (the read lands
@@ -317,9 +319,9 @@ class Reloader:
         or pages of adjacent slots read in one transfer; default: a unit a job), and ``fn`` takes one unit's jobs and
         returns one result per job. Each unit's read runs on the read pool, ``reload_threads`` in flight (one task per
         reader, which takes the next unit in ``units``' order whenever it is free: a task per page paid a future and a
-        wake-up each, and a fixed share per reader left the call waiting on its slowest reader), each page's checksum on the
-        caller's thread (helped as the module docstring says). A result is a final ``(ok, why)`` (a miss before the
-        payload, a staged copy) or a :class:`_Landed` page, which is a hit only once its checksum matched. Returns
+        wake-up each, and a fixed share per reader left the call waiting on its slowest reader), each page's checksum
+        on the caller's thread (helped as the module docstring says). A result is a final ``(ok, why)`` (a miss before
+        the payload, a staged copy) or a :class:`_Landed` page, which is a hit only once its checksum matched. Returns
         when every read and checksum has finished: no thread of this call touches a destination or a result after
         that. Invariant: no pool task ever waits on another task (readers wait on their reads, helpers never block),
         so calls running at the same time cannot deadlock the pools."""

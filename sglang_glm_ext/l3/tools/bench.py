@@ -779,7 +779,8 @@ def render(results: list[dict], load: "dict | None", args, failed: "list[str] | 
             lines.append(f"{'':>9} | reload pages per transfer: {per} (adjacent slots read together up to [queues] "
                          f"read_coalesce_bytes = {r.get('read_coalesce_bytes')} B)")
         lines.append(f"{'':>9} | io_mode={r['io_mode']} pages={r['pages']} layers={r['layers']} spill retries "
-                     f"(staging full)={r['spill_retries']} dio={r['dio_alignment']} raw reads in place={r['raw_mode']}")
+                     f"(staging full)={r['spill_retries']} dio={r['dio_alignment']} "
+                     f"raw reads in place={r['raw_mode']}")
     if load:
         s = load["s_per_million"]
         row(load["page_bytes"], f"cold_start=load, {load['pages']} live pages", f"{s:.2f}s/Mpg",
