@@ -49,6 +49,7 @@ import enum
 import hashlib
 import json
 import struct
+import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -242,14 +243,39 @@ def payload_checksum(buf) -> int:
     return xxhash.xxh3_64_intdigest(byte_view(buf))
 
 
-def checksum_views(views) -> int:
+# python-xxhash hashes a piece of this many bytes or fewer holding the GIL (XXHASH_GIL_MINSIZE in its _xxhash.c,
+# 64 KiB; 4.1.0 exports it as _xxhash._GIL_MINSIZE).
+XXHASH_GIL_MAX = int(getattr(getattr(xxhash, "_xxhash", None), "_GIL_MINSIZE", 64 * 1024))
+
+
+def checksum_views(views, *, gil_pause_bytes: int = 0) -> int:
     """xxh3_64 of the concatenation of ``views`` (a page's pieces in payload order, where they landed): the same
-    value as :func:`payload_checksum` over one contiguous copy, without making one."""
+    value as :func:`payload_checksum` over one contiguous copy, without making one.
+
+    ``gil_pause_bytes`` > 0: after every that many bytes hashed holding the GIL (pieces of 64 KiB or less: a
+    layer-first page's chunks), and once more at the end if any were, give the GIL up (``time.sleep(0)``), so
+    another thread of the process (SGLang's scheduler) waits for at most that much hashing, not for a whole page, a
+    run of pages hashed back to back, or the 5 ms switch interval. The value is the same either way."""
     if len(views) == 1:
         return xxhash.xxh3_64_intdigest(views[0])
     h = xxhash.xxh3_64()
+    if gil_pause_bytes <= 0:
+        for v in views:
+            h.update(v)
+        return h.intdigest()
+    held = 0
     for v in views:
         h.update(v)
+        n = getattr(v, "nbytes", None)  # memoryview / ndarray; bytes-like otherwise
+        if n is None:
+            n = len(v)
+        if n <= XXHASH_GIL_MAX:
+            held += n
+            if held >= gil_pause_bytes:
+                held = 0
+                time.sleep(0)  # releases the GIL: a thread waiting for it runs now
+    if held:
+        time.sleep(0)
     return h.intdigest()
 
 

@@ -111,6 +111,17 @@ _NOT_BLAMED = frozenset({ReloadMiss.NO_SLAB, ReloadMiss.BAD_DST, ReloadMiss.ERRO
 HAND_OFF_BELOW = 4
 
 
+# A layer-first page's checksum holds the GIL (chunks of 64 KiB or less, above); it gives the GIL up (time.sleep(0))
+# after every this many bytes of it and at the page's end (format.checksum_views), so another thread of the process
+# (SGLang's scheduler) waits for at most that much hashing (~25-50 us), not for a run of pages hashed back to back or
+# the 5 ms switch interval. 0: never. Measured (`.ab/stall.py`-style probe: how late a thread wakes from a 0.5 ms sleep
+# while 8 readers reload; docs_internal/l3_design.md, issue 28, run 13), GPU machine, 3 rounds, p99 without -> with:
+# layer-first 1 MiB 1.11-1.54 -> 0.43-0.49 ms, GLM-5 1.33-1.63 -> 0.42-0.46 ms (page-first: 0.37-0.64 ms, no pause
+# needed); reload GB/s no lower in any round (1 MiB 1.28-1.61 -> 1.40-1.75, GLM-5 1.54-1.71 -> 1.74-2.04). Each
+# pause is one syscall: ~4 per MiB.
+GIL_PAUSE_BYTES = 256 * 1024
+
+
 def hash_helpers(reload_threads: int) -> int:
     """Pool threads that may help the caller hash when landed pages queue up: one per four reads in flight. One
     core hashes 5-12 GB/s cold (docs_internal/l3_design.md, issue 28), so a reload that keeps more reads in flight
@@ -130,7 +141,7 @@ def _verified(r) -> "tuple[bool, object]":
     if not isinstance(r, _Landed):
         return r
     try:
-        ok = checksum_views(r.pieces) == r.want
+        ok = checksum_views(r.pieces, gil_pause_bytes=GIL_PAUSE_BYTES) == r.want
     except Exception:  # noqa: BLE001 - a checksum that cannot run is a miss, never a crash
         return False, ReloadMiss.ERROR
     return (True, BlobCheck.OK) if ok else (False, BlobCheck.PAYLOAD_CHECKSUM)

@@ -6,6 +6,9 @@ needs no format version. Also what `checksum_build()` reports about the build (b
 
 import pathlib
 import re
+import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -94,3 +97,78 @@ def test_the_dependency_pin_asks_for_the_dispatching_release():
     pins = re.findall(r'"xxhash([<>=!~][^"]*)"', (ROOT / "pyproject.toml").read_text())
     assert pins == [">=4.1.0"]
     assert tuple(int(x) for x in xxhash.VERSION.split(".")[:3]) >= (4, 1, 0), "the environment is below the pin"
+
+
+# ----------------------------------------------------------------- giving the GIL up during a layer-first checksum
+@pytest.mark.parametrize("chunk", [100, 16 * 1024, GLM5_CHUNK, 96 * 1024], ids=["100B", "16KiB", "glm5", "96KiB"])
+@pytest.mark.parametrize("pause", [1000, 64 * 1024, 256 * 1024])
+@pytest.mark.parametrize("kind", ["memoryview", "ndarray", "bytes"])
+def test_pausing_for_the_gil_changes_no_value(chunk, pause, kind):
+    b = sanity_buffer(GLM5_PAGE)
+    cut = [b[k:k + chunk] for k in range(0, GLM5_PAGE, chunk)]
+    views = {"memoryview": [memoryview(c) for c in cut], "ndarray": cut, "bytes": [c.tobytes() for c in cut]}[kind]
+    assert F.checksum_views(views, gil_pause_bytes=pause) == F.checksum_views(views) == FROZEN[GLM5_PAGE]
+
+
+class _Sleeps:
+    def __init__(self):
+        self.calls = []
+
+    def sleep(self, s):
+        self.calls.append(s)
+        time.sleep(s)
+
+
+@pytest.mark.parametrize("chunk,pause,want", [
+    (16 * 1024, 256 * 1024, 4),  # a 1 MiB layer-first page: every 16 chunks
+    (GLM5_CHUNK, 256 * 1024, 12),  # GLM-5's page: every 7 chunks (293,888 B), and once at the end (3 chunks)
+    (GLM5_CHUNK, 4 << 20, 1),  # a page below the pause: once, at its end (pages hashed back to back in a run)
+    (96 * 1024, 256 * 1024, 0),  # pieces above 64 KiB: xxhash releases the GIL itself, nothing to give up
+])
+def test_the_gil_is_given_up_every_pause_bytes_of_held_hashing(monkeypatch, chunk, pause, want):
+    page = (1 << 20) if chunk == 16 * 1024 else GLM5_PAGE if chunk == GLM5_CHUNK else 32 * 96 * 1024
+    b = sanity_buffer(page)
+    spy = _Sleeps()
+    monkeypatch.setattr(F, "time", spy)
+    F.checksum_views([memoryview(b)[k:k + chunk] for k in range(0, page, chunk)], gil_pause_bytes=pause)
+    assert spy.calls == [0] * want
+    spy.calls.clear()
+    F.checksum_views([memoryview(b)[k:k + chunk] for k in range(0, page, chunk)])  # the default: no pause
+    assert spy.calls == []
+
+
+def test_another_thread_runs_while_a_layer_first_checksum_pauses():
+    """With the switch interval raised to 5 s, a thread waiting for the GIL gets it during a checksum only where the
+    checksum gives it up: never without the pause (xxhash holds the GIL for chunks of 64 KiB or less), and during
+    it with the pause -- what SGLang's scheduler thread sees while a reload checks layer-first pages."""
+    page, chunk = 64 << 20, 16 * 1024
+    b = np.frombuffer(np.random.default_rng(3).bytes(page), np.uint8)
+    views = [memoryview(b)[k:k + chunk] for k in range(0, page, chunk)]
+    want = F.payload_checksum(b)
+    hashing, woke, stop = [False], [0], threading.Event()
+
+    def waiter():
+        while not stop.is_set():
+            time.sleep(0)  # gives the GIL up and asks for it again, like a thread waking from a short sleep
+            if hashing[0]:
+                woke[0] += 1
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(5.0)
+    t = threading.Thread(target=waiter, daemon=True)
+    try:
+        t.start()
+        time.sleep(0.05)
+        seen = {}
+        for pause in (0, 256 * 1024):
+            woke[0] = 0
+            hashing[0] = True
+            got = F.checksum_views(views, gil_pause_bytes=pause)
+            hashing[0] = False
+            seen[pause] = woke[0]
+            assert got == want
+    finally:
+        stop.set()
+        sys.setswitchinterval(old)
+        t.join(10)
+    assert seen[0] == 0 and seen[256 * 1024] >= 1, seen

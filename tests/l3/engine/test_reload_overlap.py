@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from sglang_glm_ext.l3.config import L3Config
+from sglang_glm_ext.l3.disk import format as format_mod
 from sglang_glm_ext.l3.disk.format import HEADER_SIZE, Namespace, PayloadKind, slot_bytes_for
 from sglang_glm_ext.l3.disk.host_layout import PageLayout
 from sglang_glm_ext.l3.disk.slab_reader import SlabReader
@@ -175,11 +176,11 @@ def test_the_call_returns_only_after_every_checksum_and_a_hit_only_after_its_own
         real = reload_mod.checksum_views
         active, done, lock = [0], [], threading.Lock()
 
-        def slow(pieces):
+        def slow(pieces, **kw):
             with lock:
                 active[0] += 1
             time.sleep(0.01)
-            h = real(pieces)
+            h = real(pieces, **kw)
             with lock:
                 active[0] -= 1
                 done.append(h)
@@ -222,11 +223,11 @@ def test_reads_never_wait_on_a_checksum(tmp_path, monkeypatch):
 
         seen, first = [], threading.Lock()
 
-        def held(pieces):
+        def held(pieces, **kw):
             if first.acquire(blocking=False):  # the batch's first checksum, whoever runs it
                 all_read.wait(5)
                 seen.append(reads[0])
-            return real_sum(pieces)
+            return real_sum(pieces, **kw)
 
         monkeypatch.setattr(SlabReader, "read_spans", counted)
         monkeypatch.setattr(SlabReader, "read_run", counted_run)
@@ -270,10 +271,10 @@ def test_a_checksum_that_raises_costs_only_its_page(tmp_path, monkeypatch):
         real = reload_mod.checksum_views
         bad = payload(5)[:64].tobytes()
 
-        def flaky(pieces):
+        def flaky(pieces, **kw):
             if bytes(pieces[0][:64]) == bad:
                 raise MemoryError("injected")
-            return real(pieces)
+            return real(pieces, **kw)
 
         monkeypatch.setattr(reload_mod, "checksum_views", flaky)
         host = Host("flat")
@@ -329,9 +330,9 @@ def test_few_readers_hand_their_pages_off_many_hash_their_own(tmp_path, monkeypa
         real = reload_mod.checksum_views
         ran_on = []
 
-        def spy(pieces):
+        def spy(pieces, **kw):
             ran_on.append(threading.current_thread().name)
-            return real(pieces)
+            return real(pieces, **kw)
 
         monkeypatch.setattr(reload_mod, "checksum_views", spy)
         host = Host("page_first")
@@ -346,6 +347,36 @@ def test_few_readers_hand_their_pages_off_many_hash_their_own(tmp_path, monkeypa
         s.close()
 
 
+
+
+@pytest.mark.parametrize("threads", [2, 8], ids=["hand-off", "hash-on-reader"])
+def test_layer_first_checksums_give_the_gil_up_page_first_ones_need_not(tmp_path, monkeypatch, threads):
+    """A layer-first page is hashed chunk by chunk holding the GIL (chunks of 64 KiB or less); its checksum gives the
+    GIL up every reload.GIL_PAUSE_BYTES and at its end, so SGLang's scheduler thread is not held for whole pages or
+    runs of pages (l3_design.md, issue 28, run 13). A page-first page is hashed in one call that releases the GIL
+    itself: no pause. Results stay exact either way."""
+    s = open_store(tmp_path, threads=threads)
+    try:
+        spill(s, range(16))
+        sleeps = []
+
+        class Time:
+            @staticmethod
+            def sleep(x):
+                sleeps.append(x)
+                time.sleep(x)
+
+        monkeypatch.setattr(format_mod, "time", Time)
+        assert reload_mod.GIL_PAUSE_BYTES > PB  # one pause per page here: at its end
+        for form, want in (("page_first", 0), ("layer_first", 16), ("layer_first_one_buffer", 16)):
+            sleeps.clear()
+            host = Host(form)
+            got = host.reload(s, range(16), list(range(16)))
+            assert got == [True] * 16
+            host.check(got, range(16), list(range(16)))
+            assert sleeps == [0] * want, (form, len(sleeps))
+    finally:
+        s.close()
 
 # ------------------------------------------------------------------------------ reads of adjacent slots (issue 28)
 def open_coalescing(tmp_path, coalesce, threads=2):
