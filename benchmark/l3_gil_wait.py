@@ -1,15 +1,16 @@
 """How long another thread of the process waits while reloads run: SGLang's scheduler shares its process (and its GIL)
 with HiCache's prefetch thread, which calls the L3 store's reload. A thread sleeps 0.5 ms in a loop and records how
 late it wakes (the overshoot: mostly waiting for the GIL); a second thread reloads the same pages over and over, with
-the engine's layer-first GIL pause (``reload.GIL_PAUSE_BYTES``) and without it (0), page-first and layer-first host
-pools, and nothing running as the floor. Sides interleave per round (A B ..., then backwards); each prints the
+each ``queues.layer_first_gil_pause`` setting asked for (default: the engine's, "page") and without a pause ("off"),
+page-first and layer-first host pools, and nothing running as the floor. Sides interleave per round (A B ..., then backwards); each prints the
 overshoot's p50 / p99 / max in ms and the reload's GB/s, median (min-max) over rounds, and the paused side's p99 and
-GB/s over the unpaused side's of the same round. Page-first checksums never pause (one call that releases the GIL
+GB/s (and process CPU per GB) over the unpaused side's of the same round. Page-first checksums never pause (one call that releases the GIL
 itself), so page-first's two sides run the same code: their ratio is this disk's and machine's noise.
 
-    python benchmark/l3_gil_wait.py --dir /nvme0/x --page 3274752 --pages 640 --threads 8 --rounds 3
+    python benchmark/l3_gil_wait.py --dir /nvme0/x --page 3274752 --pages 640 --threads 8 --rounds 3 --pauses page 1MiB
 Needs numpy, lmdb, xxhash; never torch or SGLang."""
 import argparse
+import dataclasses
 import os
 import shutil
 import statistics
@@ -19,10 +20,10 @@ import time
 
 import numpy as np
 
+from sglang_glm_ext.l3.config import parse_gil_pause
 from sglang_glm_ext.l3.disk.aligned import AlignedBuffer
 from sglang_glm_ext.l3.disk.format import Namespace, slot_bytes_for
 from sglang_glm_ext.l3.disk.host_layout import PageLayout
-from sglang_glm_ext.l3.engine import reload as reload_mod
 from sglang_glm_ext.l3.engine.store import L3Store
 from sglang_glm_ext.l3.tools import bench as B
 
@@ -34,7 +35,8 @@ def med(v: list, fmt: str = "{:.2f}") -> str:
 
 
 def one_side(store, keys, layout, page: int, seconds: float) -> tuple:
-    """(p50, p99, max overshoot in ms, reload GB/s) while ``layout``'s reloads run (None: nothing runs)."""
+    """(p50, p99, max overshoot in ms, reload GB/s, process CPU s per GB reloaded) while ``layout``'s reloads run
+    (None: nothing runs; its CPU figure is then per second)."""
     stop, moved = threading.Event(), [0]
 
     def load():
@@ -47,6 +49,7 @@ def one_side(store, keys, layout, page: int, seconds: float) -> tuple:
 
     th = threading.Thread(target=load, name="prefetch")
     lat = []
+    c0 = os.times()
     t0 = time.perf_counter()
     th.start()
     while time.perf_counter() - t0 < seconds:
@@ -56,8 +59,11 @@ def one_side(store, keys, layout, page: int, seconds: float) -> tuple:
     stop.set()
     th.join()
     el = time.perf_counter() - t0
+    c1 = os.times()
+    cpu = (c1.user - c0.user) + (c1.system - c0.system)
     lat.sort()
-    return lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))], lat[-1], moved[0] / 1e9 / el
+    return (lat[len(lat) // 2], lat[min(len(lat) - 1, int(len(lat) * 0.99))], lat[-1], moved[0] / 1e9 / el,
+            cpu / (moved[0] / 1e9) if moved[0] else cpu / el)
 
 
 def main() -> int:
@@ -68,10 +74,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=8, help="reload_threads (reads in flight)")
     ap.add_argument("--seconds", type=float, default=3.0, help="per side and round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pauses", nargs="+", default=["page"],
+                    help='queues.layer_first_gil_pause settings to compare with "off" ("page", a size such as 1MiB)')
     a = ap.parse_args()
     page, n, slot = a.page, max(B.BATCH, a.pages), slot_bytes_for(a.page)
     layers = B.layer_split(page)
-    pause = reload_mod.GIL_PAUSE_BYTES
     root = os.path.join(a.dir, f"gilwait{page}")
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
@@ -86,32 +93,43 @@ def main() -> int:
     if layers > 1:
         layouts["layer_first"] = PageLayout.layer_first(host, n_layers=layers, slice_bytes=page // layers,
                                                         num_pages=B.BATCH)
-    sides = [("idle", None, pause)] + [(f"{name} pause={p}", name, p) for name in layouts for p in (0, pause)]
+    pauses = ["off"] + [p for p in a.pauses if p != "off"]
+    bytes_of = {p: parse_gil_pause(int(p) if p.isdigit() else p) for p in pauses}
+    sides = [("idle", None, "off")] + [(f"{name} pause={p}", name, p) for name in layouts for p in pauses]
     ns = Namespace("bench", "bf16", "page_first", 64, 0, 78, "bench")
-    store = L3Store.open(cfg, rank=0, namespace=ns, page_bytes={B.KIND: page})
     res: dict = {}
     try:
-        B.spill_all(store, keys, src)
+        store = L3Store.open(cfg, rank=0, namespace=ns, page_bytes={B.KIND: page})
+        try:
+            B.spill_all(store, keys, src)
+        finally:
+            store.close()
         for r in range(a.rounds):
             for label, name, p in sides if r % 2 == 0 else sides[::-1]:
-                reload_mod.GIL_PAUSE_BYTES = p
-                res.setdefault(label, []).append(one_side(store, keys, layouts.get(name), page, a.seconds))
+                side_cfg = dataclasses.replace(cfg, cold_start="load", layer_first_gil_pause_bytes=bytes_of[p])
+                store = L3Store.open(side_cfg, rank=0, namespace=ns, page_bytes={B.KIND: page})
+                try:
+                    res.setdefault(label, []).append(one_side(store, keys, layouts.get(name), page, a.seconds))
+                finally:
+                    store.close()
     finally:
-        reload_mod.GIL_PAUSE_BYTES = pause
-        store.close()
         shutil.rmtree(root, ignore_errors=True)
     print(f"page {page} B ({layers} layer chunks), {n} pages, {a.threads} readers, switch interval "
           f"{sys.getswitchinterval() * 1e3:.1f} ms, {a.rounds} rounds of {a.seconds:g} s: a {SLEEP_S * 1e3:g} ms "
-          f"sleep's overshoot (ms) and the reload's GB/s, median (min-max); paused / unpaused: medians of each round's pair")
-    print(f"{'side':<28} {'p50 ms':>20} {'p99 ms':>20} {'max ms':>20} {'GB/s':>20} {'p99 ratio':>9} {'GB/s ratio':>10}")
+          f"sleep's overshoot (ms), the reload's GB/s and the process's CPU s per GB reloaded (idle: per second), "
+          f"median (min-max); paused / unpaused: medians of each round's pair")
+    print(f"{'side':<28} {'p50 ms':>20} {'p99 ms':>20} {'max ms':>20} {'GB/s':>18} {'CPU s/GB':>20} "
+          f"{'p99 ratio':>9} {'GB/s ratio':>10} {'CPU ratio':>9}")
     for label, name, p in sides:
         rows = res[label]
-        ratios = ("", "")
-        if name is not None and p:
-            base = res[f"{name} pause=0"]
-            ratios = tuple(f"{statistics.median(x[i] / y[i] for x, y in zip(rows, base) if y[i]):.2f}" for i in (1, 3))
+        ratios = ("", "", "")
+        if name is not None and p != "off":
+            base = res[f"{name} pause=off"]
+            ratios = tuple(f"{statistics.median(x[i] / y[i] for x, y in zip(rows, base) if y[i]):.2f}"
+                           for i in (1, 3, 4))
         print(f"{label:<28} {med([x[0] for x in rows], '{:.3f}'):>20} {med([x[1] for x in rows], '{:.3f}'):>20} "
-              f"{med([x[2] for x in rows]):>20} {med([x[3] for x in rows]):>20} {ratios[0]:>9} {ratios[1]:>10}")
+              f"{med([x[2] for x in rows]):>20} {med([x[3] for x in rows]):>18} {med([x[4] for x in rows], '{:.3f}'):>20} "
+              f"{ratios[0]:>9} {ratios[1]:>10} {ratios[2]:>9}")
     return 0
 
 

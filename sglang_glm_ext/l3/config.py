@@ -94,6 +94,9 @@ ACK_MODES = ("write_behind", "durable")
 # the node's replicas ("spread", write bandwidth grows with the node's disks) or the node's first replica.
 WRITER_MODES = ("spread", "one_per_node")
 LAYER_FIRST_READS = ("vectored", "single")  # queues.layer_first_reads (L3Config.layer_first_reads)
+# queues.layer_first_gil_pause = "page": L3Config.layer_first_gil_pause_bytes is this, more than any page, so a
+# layer-first checksum gives the GIL up only at each page's end (disk/format.py, checksum_views).
+GIL_PAUSE_PAGE = 1 << 62
 PLP_MODES = ("auto", "assume_safe", "assume_unsafe")
 DIRECT_MODES = ("auto", "on", "off")
 _KIND_NAMES = ("target_kv", "draft_kv", "index_k", "draft_index_k")
@@ -131,6 +134,23 @@ def parse_size(value: Any, key: str) -> int:
         raise L3ConfigError(f"{key}: expected a byte size (int or string), got {type(value).__name__}")
     if n <= 0:
         raise L3ConfigError(f"{key}: must be > 0, got {value!r}")
+    return n
+
+
+def parse_gil_pause(value: Any) -> int:
+    """queues.layer_first_gil_pause: "page" (GIL_PAUSE_PAGE), "off" / 0 (0), or a byte size of at least 64 KiB (a
+    pause after every that many bytes hashed, and at each page's end)."""
+    key = "queues.layer_first_gil_pause"
+    if value == "page":
+        return GIL_PAUSE_PAGE
+    if value == "off" or value == "0" or (value == 0 and not isinstance(value, bool)):
+        return 0
+    if isinstance(value, str) and not any(c.isdigit() for c in value):
+        raise L3ConfigError(f"{key}: unknown value {value!r} (expected \"page\", \"off\", 0 or a size such as \"1MiB\")")
+    n = parse_size(value, key)
+    if not 64 * 2**10 <= n <= 2**30:
+        raise L3ConfigError(f"{key}: a size must be in [64 KiB, 1 GiB] (a smaller one pauses every few chunks, each "
+                            f"pause a GIL hand-off), got {n} B; \"page\" pauses once a page")
     return n
 
 
@@ -241,6 +261,12 @@ class L3Config:
     # page's own spans and its own pad and header, nothing else: engine/reload.py, "Reads of adjacent slots"); 0 =
     # one read per page. Fewer, larger reads cost less CPU per GB (the kernel's per-read work and the interpreter's).
     read_coalesce_bytes: int = 8 * 2**20
+    # A layer-first page's checksum holds the GIL (xxhash keeps it for the 16-41 KiB layer chunks), so SGLang's
+    # scheduler thread, in the same process, waits while reload threads hash. The checksum may give the GIL up at
+    # each page's end (GIL_PAUSE_PAGE, "page"), also after every this many bytes (a size), or never (0, "off": the
+    # default). Each pause is a GIL hand-off, 10-45 us of CPU: "page" took the scheduler's p99 wait 2-3x down and the
+    # layer-first reload CPU 1.1-1.3x up, over the 1.2x-of-raw-read-+-xxh3 target (l3_design.md, issue 28, run 13).
+    layer_first_gil_pause_bytes: int = 0
     payload_weights: Mapping[str, float] | None = None  # None = equal_slots
     writer_mode: str = "spread"  # replicated (MLA/DSA) pages under CP/TP: "spread" over the node's replicas | "one_per_node"
     source: str = field(default="<dict>", compare=False)
@@ -410,7 +436,7 @@ class L3Config:
 
         q = _get(data, "queues", "queues", Mapping, {})
         qknown = ("staging_bytes", "max_inflight", "wait_ms", "write_batch_pages", "io_threads", "reload_threads",
-                  "layer_first_reads", "read_coalesce_bytes")
+                  "layer_first_reads", "read_coalesce_bytes", "layer_first_gil_pause")
         for k in q:
             if k not in qknown:
                 raise L3ConfigError(f"queues.{k}: unknown key (known: {', '.join(qknown)})")
@@ -434,6 +460,7 @@ class L3Config:
         coalesce = 0 if off else parse_size(coalesce, "queues.read_coalesce_bytes")
         if coalesce > 2**30:
             raise L3ConfigError(f"queues.read_coalesce_bytes: at most 1 GiB, got {coalesce} B")
+        gil_pause = parse_gil_pause(q.get("layer_first_gil_pause", "off"))
 
         writers = _get(data, "writers", "writers", Mapping, {})
         for k in writers:
@@ -471,6 +498,7 @@ class L3Config:
             staging_bytes=staging, max_inflight=max_inflight, wait_ms=wait_ms, write_batch_pages=batch,
             io_threads=io_threads,
             reload_threads=reload_threads, layer_first_reads=lf_reads, read_coalesce_bytes=coalesce,
+            layer_first_gil_pause_bytes=gil_pause,
             payload_weights=weights,
             writer_mode=writer_mode, source=source,
             test_write_delay_ms=_test_write_delay_ms(),
@@ -616,6 +644,9 @@ layer_first_reads = "vectored"  # layer-first pages: one read straight into ever
                                 # `sglang-glm-ext l3 bench` shows it faster on your disk)
 read_coalesce_bytes = "8MiB"    # pages of one reload in adjacent slots: one read of up to this many bytes (0: a read a
                                 # page)
+layer_first_gil_pause = "off"   # a layer-first page's checksum holds the GIL, SGLang's scheduler thread waits: "page"
+                                # gives it up at each page's end (that wait's p99 2-3x lower, reload CPU 1.1-1.3x) | a
+                                # size ("1MiB": also every that many bytes) | "off"
 
 # Sidecar draft pools (non-NextN EAGLE) need every kind sized from the config alone (put payload_split above the
 # first table):

@@ -115,6 +115,12 @@ def test_bad_mapping_is_loud_with_key_path(tmp_path, ranks, needle):
     ({"queues": {"read_coalesce_bytes": True}}, "queues.read_coalesce_bytes: expected a byte size"),
     ({"queues": {"read_coalesce_bytes": "lots"}}, "queues.read_coalesce_bytes: cannot parse"),
     ({"queues": {"read_coalesce_bytes": "2GiB"}}, "queues.read_coalesce_bytes: at most 1 GiB"),
+    ({"queues": {"layer_first_gil_pause": "chunk"}}, "queues.layer_first_gil_pause: unknown value"),
+    ({"queues": {"layer_first_gil_pause": True}}, "queues.layer_first_gil_pause: expected a byte size"),
+    ({"queues": {"layer_first_gil_pause": "4KiB"}}, r"queues.layer_first_gil_pause: a size must be in \[64 KiB"),
+    ({"queues": {"layer_first_gil_pause": "2GiB"}}, r"queues.layer_first_gil_pause: a size must be in \[64 KiB"),
+    ({"queues": {"layer_first_gil_pause": -1}}, "queues.layer_first_gil_pause: must be > 0"),
+    ({"queues": {"layer_first_gil_pause": 1.5}}, "queues.layer_first_gil_pause: expected a byte size"),
 ])
 def test_every_bad_value_names_its_key(tmp_path, over, needle):
     with pytest.raises(L3ConfigError, match=needle):
@@ -275,6 +281,23 @@ def test_the_test_only_write_delay_is_read_with_the_config_and_checked(tmp_path,
         monkeypatch.setenv("SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS", bad)
         with pytest.raises(L3ConfigError, match="SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS"):
             L3Config.from_dict(_base(tmp_path))
+
+
+def test_layer_first_gil_pause_is_off_by_default_and_takes_page_a_size_or_off(tmp_path):
+    """queues.layer_first_gil_pause: when a layer-first checksum gives the GIL up (disk/format.py checksum_views):
+    "off" / 0 (never: the default, each pause costs CPU), "page" (at each page's end only), a size (also every that
+    many bytes)."""
+    from sglang_glm_ext.l3.config import GIL_PAUSE_PAGE
+
+    def pause(v):
+        return L3Config.from_dict(_base(tmp_path, queues={"layer_first_gil_pause": v})).layer_first_gil_pause_bytes
+
+    assert L3Config.from_dict(_base(tmp_path)).layer_first_gil_pause_bytes == 0
+    assert pause("page") == GIL_PAUSE_PAGE
+    assert GIL_PAUSE_PAGE > 2**40  # more than any page: only the page-end pause fires
+    assert pause("1MiB") == 2**20 and pause(65536) == 65536 and pause("1GiB") == 2**30
+    for off in ("off", 0, "0"):
+        assert pause(off) == 0
 
 
 def test_read_coalesce_bytes_defaults_to_8_mib_and_0_reads_a_page_at_a_time(tmp_path):

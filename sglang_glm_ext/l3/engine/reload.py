@@ -111,15 +111,17 @@ _NOT_BLAMED = frozenset({ReloadMiss.NO_SLAB, ReloadMiss.BAD_DST, ReloadMiss.ERRO
 HAND_OFF_BELOW = 4
 
 
-# A layer-first page's checksum holds the GIL (chunks of 64 KiB or less, above); it gives the GIL up (time.sleep(0))
-# after every this many bytes of it and at the page's end (format.checksum_views), so another thread of the process
-# (SGLang's scheduler) waits for at most that much hashing (~25-50 us), not for a run of pages hashed back to back or
-# the 5 ms switch interval. 0: never. Measured (`.ab/stall.py`-style probe: how late a thread wakes from a 0.5 ms sleep
-# while 8 readers reload; docs_internal/l3_design.md, issue 28, run 13), GPU machine, 3 rounds, p99 without -> with:
-# layer-first 1 MiB 1.11-1.54 -> 0.43-0.49 ms, GLM-5 1.33-1.63 -> 0.42-0.46 ms (page-first: 0.37-0.64 ms, no pause
-# needed); reload GB/s no lower in any round (1 MiB 1.28-1.61 -> 1.40-1.75, GLM-5 1.54-1.71 -> 1.74-2.04). Each
-# pause is one syscall: ~4 per MiB.
-GIL_PAUSE_BYTES = 256 * 1024
+# A layer-first page's checksum holds the GIL (chunks of 64 KiB or less, above), and a reader hashes a run's pages back
+# to back, so another thread of the process (SGLang's scheduler) waits for a run's checksums or the 5 ms switch
+# interval. queues.layer_first_gil_pause (config.py) lets the checksum give the GIL up (time.sleep(0)) at each page's
+# end ("page") or also every that many bytes (format.checksum_views); off by default. Each pause is a GIL hand-off
+# (two context switches), 10-45 us of CPU. Measured (benchmark/l3_gil_wait.py: a 0.5 ms sleeper's p99 overshoot while
+# 8 readers reload; the bench's --gil-pause; l3_design.md, issue 28, run 13): GPU machine, against "off" in the same
+# rounds, p99 / CPU per GB: "page" 1 MiB 1.52 -> 0.73 ms at 1.14x, GLM-5 1.42 -> 0.82 ms at 1.08x; "1MiB" 0.55 ms at
+# 1.06x, 0.42 ms at 1.17x; 256 KiB 0.98 ms at 1.20x, 0.29 ms at 1.23x (the bench's A/B: layer-first CPU / (raw read +
+# xxh3) 0.97 -> 1.16x and 1.06 -> 1.25x). Dev VM, the bench, "page": 1.05-1.12x -> 1.18-1.40x. The pause buys the
+# scheduler's latency with the reload's CPU, over the issue's 1.2x target, so it is the operator's choice.
+# Page-first pages are hashed in one call that releases the GIL itself: never a pause.
 
 
 def hash_helpers(reload_threads: int) -> int:
@@ -136,12 +138,13 @@ class _Landed(NamedTuple):
     want: int
 
 
-def _verified(r) -> "tuple[bool, object]":
-    """Stage 2 (or a stage-1 outcome as is): True only once the checksum over the landed bytes matched."""
+def _verified(r, gil_pause: int = 0) -> "tuple[bool, object]":
+    """Stage 2 (or a stage-1 outcome as is): True only once the checksum over the landed bytes matched.
+    ``gil_pause``: config.layer_first_gil_pause_bytes (checksum_views' ``gil_pause_bytes``)."""
     if not isinstance(r, _Landed):
         return r
     try:
-        ok = checksum_views(r.pieces, gil_pause_bytes=GIL_PAUSE_BYTES) == r.want
+        ok = checksum_views(r.pieces, gil_pause_bytes=gil_pause) == r.want
     except Exception:  # noqa: BLE001 - a checksum that cannot run is a miss, never a crash
         return False, ReloadMiss.ERROR
     return (True, BlobCheck.OK) if ok else (False, BlobCheck.PAYLOAD_CHECKSUM)
@@ -345,10 +348,11 @@ class Reloader:
             rs = _stage1(fn, [jobs[j] for j in unit])
             return rs if len(rs) == len(unit) else [(False, ReloadMiss.ERROR)] * len(unit)
 
+        pause = self.config.layer_first_gil_pause_bytes
         if len(units) <= 1:  # nothing to overlap
             for u in units:
                 for j, r in zip(u, read(u)):
-                    out[j] = _verified(r)
+                    out[j] = _verified(r, pause)
             return out
         readers = min(self.config.reload_threads, len(units))
         hash_here = self.config.reload_threads >= HAND_OFF_BELOW
@@ -375,7 +379,7 @@ class Reloader:
                 if item is None:
                     landed.put(None)  # the caller's wake-up: leave it for the caller
                     return
-                final(item[0], _verified(item[1]))
+                final(item[0], _verified(item[1], pause))
 
         def helper() -> None:
             try:
@@ -397,7 +401,7 @@ class Reloader:
                         final(i, r)
                         continue
                     if hash_here:  # enough readers: the others keep the disk busy while this one hashes
-                        final(i, _verified(r))
+                        final(i, _verified(r, pause))
                         continue
                     landed.put((i, r))
                     if landed.qsize() > 1 and helping[0] < self.helpers:
@@ -419,7 +423,7 @@ class Reloader:
             except RuntimeError:  # the pool is shut down (store closing): read on this thread
                 reader()
         while (item := landed.get()) is not None:
-            final(item[0], _verified(item[1]))
+            final(item[0], _verified(item[1], pause))
         for f in futures:
             f.result()  # the readers' last step is a drain that finds nothing: quick
         return out
@@ -478,12 +482,13 @@ class Reloader:
         """Read the page ``e`` names into ``dst[:page_bytes]`` (a writable flat byte array the caller checked) and
         verify it there. (True, OK) or (False, why: a ``BlobCheck`` or ``ReloadMiss``). OSError propagates: the
         caller counts it, the entry is not blamed."""
-        return _verified(self.land_into(st, content_hash, e, dst))
+        return _verified(self.land_into(st, content_hash, e, dst), self.config.layer_first_gil_pause_bytes)
 
     def read_into_layout(self, st: KindState, content_hash: bytes, e: IndexEntry, layout: PageLayout,
                          page_index: int) -> "tuple[bool, object]":
         """Like :meth:`read_into`, into page ``page_index`` of a host layout (each slice where it lives)."""
-        return _verified(self.land_into_layout(st, content_hash, e, layout, page_index))
+        return _verified(self.land_into_layout(st, content_hash, e, layout, page_index),
+                         self.config.layer_first_gil_pause_bytes)
 
     def land_into(self, st: KindState, content_hash: bytes, e: IndexEntry, dst) -> "_Landed | tuple[bool, object]":
         """Stage 1 of :meth:`read_into`: the read and the header check; the payload checksum is left to the

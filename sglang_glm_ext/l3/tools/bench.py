@@ -56,7 +56,7 @@ import time
 import numpy as np
 import xxhash
 
-from sglang_glm_ext.l3.config import L3Config
+from sglang_glm_ext.l3.config import GIL_PAUSE_PAGE, L3Config
 
 try:  # the engine's rooms (issue 23)
     from sglang_glm_ext.l3.disk import format as _format
@@ -258,7 +258,9 @@ def store_config(root: str, n: int, slot: int, args, *, batch: "int | None" = No
                    "reload_threads": reload_threads or _threads(args.reload_threads),
                    # only when asked: an engine from before the key (benchmark/l3_ab.py's "before") refuses it
                    **({"read_coalesce_bytes": args.read_coalesce}
-                      if getattr(args, "read_coalesce", None) is not None else {})},
+                      if getattr(args, "read_coalesce", None) is not None else {}),
+                   **({"layer_first_gil_pause": args.gil_pause}
+                      if getattr(args, "gil_pause", None) is not None else {})},
     })
 
 
@@ -563,6 +565,7 @@ def bench_page_size(page: int, args) -> dict:
         res["dio_alignment"] = reads.alignment() if hasattr(reads, "alignment") else "n/a (this engine)"
         res["io_counters"] = reads.io_counters() if hasattr(reads, "io_counters") else {}
         res["read_coalesce_bytes"] = getattr(cfg, "read_coalesce_bytes", None)  # None: an engine without it
+        res["layer_first_gil_pause_bytes"] = getattr(cfg, "layer_first_gil_pause_bytes", None)
         res["pages_per_transfer"] = per_transfer
     finally:
         store.close()
@@ -778,6 +781,10 @@ def render(results: list[dict], load: "dict | None", args, failed: "list[str] | 
             per = ", ".join(f"{k.replace('_', '-')} {v:.1f}" for k, v in r["pages_per_transfer"].items())
             lines.append(f"{'':>9} | reload pages per transfer: {per} (adjacent slots read together up to [queues] "
                          f"read_coalesce_bytes = {r.get('read_coalesce_bytes')} B)")
+        if r.get("layer_first_gil_pause_bytes") is not None:
+            g = r["layer_first_gil_pause_bytes"]
+            when = "never" if g == 0 else "at each page's end" if g >= GIL_PAUSE_PAGE else f"every {g} B and at each page's end"
+            lines.append(f"{'':>9} | layer-first checksums give the GIL up {when} ([queues] layer_first_gil_pause)")
         lines.append(f"{'':>9} | io_mode={r['io_mode']} pages={r['pages']} layers={r['layers']} spill retries "
                      f"(staging full)={r['spill_retries']} dio={r['dio_alignment']} "
                      f"raw reads in place={r['raw_mode']}")
@@ -802,6 +809,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
                          f"random read iodepth x numjobs (at most {FIO_THREADS_MAX})")
     ap.add_argument("--read-coalesce", default=None, metavar="SIZE",
                     help="[queues] read_coalesce_bytes (e.g. 8MiB; 0: one read a page); default: the engine's")
+    ap.add_argument("--gil-pause", default=None, metavar="WHEN",
+                    help='[queues] layer_first_gil_pause ("page", "off" or a size such as 1MiB); default: the engine\'s')
     ap.add_argument("--batch-pages", type=int, default=32, help="[queues] write_batch_pages")
     ap.add_argument("--staging-mb", type=int, default=256, help="[queues] staging_bytes, in MiB")
     ap.add_argument("--load-pages", type=int, default=0,

@@ -350,12 +350,21 @@ def test_few_readers_hand_their_pages_off_many_hash_their_own(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("threads", [2, 8], ids=["hand-off", "hash-on-reader"])
-def test_layer_first_checksums_give_the_gil_up_page_first_ones_need_not(tmp_path, monkeypatch, threads):
+@pytest.mark.parametrize("setting,per_page", [(None, 0), ("page", 1), ("64KiB", 3), ("off", 0), (0, 0)])
+def test_layer_first_checksums_give_the_gil_up_page_first_ones_need_not(tmp_path, monkeypatch, threads, setting,
+                                                                        per_page):
     """A layer-first page is hashed chunk by chunk holding the GIL (chunks of 64 KiB or less); its checksum gives the
-    GIL up every reload.GIL_PAUSE_BYTES and at its end, so SGLang's scheduler thread is not held for whole pages or
-    runs of pages (l3_design.md, issue 28, run 13). A page-first page is hashed in one call that releases the GIL
-    itself: no pause. Results stay exact either way."""
-    s = open_store(tmp_path, threads=threads)
+    GIL up as queues.layer_first_gil_pause says -- "page": at each page's end (one pause a page), a size: also every
+    that many bytes (64 KiB: after every second 41,984 B chunk, 3 a page here), "off" (the default): never -- so
+    SGLang's scheduler thread need not wait for runs of pages hashed back to back (l3_design.md, issue 28, run 13). A
+    page-first page is hashed in one call that releases the GIL itself: no pause. Results stay exact either way."""
+    cfg = L3Config.from_dict({
+        "deployment_id": "ov", "disks": [{"path": str(tmp_path / "disk"), "budget": 40 * slot_bytes_for(PB)}],
+        "index": {"path": str(tmp_path / "index"), "map_size": 2**24},
+        "queues": {"staging_bytes": 16 * slot_bytes_for(PB), "io_threads": 2, "reload_threads": threads,
+                   **({} if setting is None else {"layer_first_gil_pause": setting})},
+    })
+    s = L3Store.open(cfg, rank=0, namespace=NS, page_bytes={K: PB})
     try:
         spill(s, range(16))
         sleeps = []
@@ -367,8 +376,8 @@ def test_layer_first_checksums_give_the_gil_up_page_first_ones_need_not(tmp_path
                 time.sleep(x)
 
         monkeypatch.setattr(format_mod, "time", Time)
-        assert reload_mod.GIL_PAUSE_BYTES > PB  # one pause per page here: at its end
-        for form, want in (("page_first", 0), ("layer_first", 16), ("layer_first_one_buffer", 16)):
+        for form, want in (("page_first", 0), ("layer_first", 16 * per_page),
+                           ("layer_first_one_buffer", 16 * per_page)):
             sleeps.clear()
             host = Host(form)
             got = host.reload(s, range(16), list(range(16)))
@@ -542,8 +551,8 @@ def test_a_slow_read_does_not_hold_back_the_units_behind_it():
 
     for readers in (2, 4):  # the caller hashes (hand-off), and each reader hashes its own
         pool, hash_pool = ThreadPoolExecutor(readers), ThreadPoolExecutor(1)
-        me = SimpleNamespace(config=SimpleNamespace(reload_threads=readers), pool=pool, hash_pool=hash_pool,
-                             helpers=1)
+        me = SimpleNamespace(config=SimpleNamespace(reload_threads=readers, layer_first_gil_pause_bytes=0), pool=pool,
+                             hash_pool=hash_pool, helpers=1)
         others_done = threading.Event()
         seen, waited = [], []
 

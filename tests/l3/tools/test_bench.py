@@ -205,3 +205,26 @@ def test_the_first_fill_pass_starts_from_punched_slots(tmp_path):
         assert store.exists(bench.KIND, keys) == 8
     finally:
         store.close()
+
+
+def test_the_bench_passes_gil_pause_to_the_store_and_leaves_the_engines_default_otherwise(tmp_path):
+    """`--gil-pause page|off|SIZE` is [queues] layer_first_gil_pause for the store under test (the run 13 trade-off:
+    the scheduler thread's wait against the reload's CPU, measured against the bench's CPU target on one's own
+    disk); without it the engine's default, and a bad value is the config's clear error."""
+    import argparse
+
+    from sglang_glm_ext.l3.config import GIL_PAUSE_PAGE, L3ConfigError
+    from sglang_glm_ext.l3.tools import bench
+
+    slot = bench.slot_bytes_for(1 << 20)
+
+    def cfg(*extra):
+        args = bench.add_arguments(argparse.ArgumentParser()).parse_args(["--dir", str(tmp_path), *extra])
+        return bench.store_config(str(tmp_path), 8, slot, args)
+
+    assert cfg().layer_first_gil_pause_bytes == 0
+    assert cfg("--gil-pause", "page").layer_first_gil_pause_bytes == GIL_PAUSE_PAGE
+    assert cfg("--gil-pause", "1MiB").layer_first_gil_pause_bytes == 1 << 20
+    assert cfg("--gil-pause", "off").layer_first_gil_pause_bytes == 0
+    with pytest.raises(L3ConfigError, match="layer_first_gil_pause"):
+        cfg("--gil-pause", "sometimes")
