@@ -1,11 +1,12 @@
 """How long another thread of the process waits while reloads run: SGLang's scheduler shares its process (and its GIL)
 with HiCache's prefetch thread, which calls the L3 store's reload. A thread sleeps 0.5 ms in a loop and records how
-late it wakes (the overshoot: mostly waiting for the GIL); a second thread reloads the same pages over and over, with
-each ``queues.layer_first_gil_pause`` setting asked for (default: the engine's, "page") and without a pause ("off"),
-page-first and layer-first host pools, and nothing running as the floor. Sides interleave per round (A B ..., then backwards); each prints the
-overshoot's p50 / p99 / max in ms and the reload's GB/s, median (min-max) over rounds, and the paused side's p99 and
-GB/s (and process CPU per GB) over the unpaused side's of the same round. Page-first checksums never pause (one call that releases the GIL
-itself), so page-first's two sides run the same code: their ratio is this disk's and machine's noise.
+late it wakes (the overshoot: mostly waiting for the GIL); a second thread reloads the same pages over and over with
+each ``queues.layer_first_gil_pause`` setting asked for (default "page") and with "off" (the engine's default),
+page-first and layer-first host pools, and nothing running as the floor. Sides interleave per round (A B ..., then
+backwards); each prints the overshoot's p50 / p99 / max in ms, the reload's GB/s and the process's CPU per GB,
+median (min-max) over rounds, and each paused side's p99, GB/s and CPU over the "off" side's of the same round.
+Page-first checksums never pause (one call that releases the GIL itself), so page-first's sides run the same code:
+their ratios are this disk's and machine's noise.
 
     python benchmark/l3_gil_wait.py --dir /nvme0/x --page 3274752 --pages 640 --threads 8 --rounds 3 --pauses page 1MiB
 Needs numpy, lmdb, xxhash; never torch or SGLang."""
@@ -128,7 +129,8 @@ def main() -> int:
             ratios = tuple(f"{statistics.median(x[i] / y[i] for x, y in zip(rows, base) if y[i]):.2f}"
                            for i in (1, 3, 4))
         print(f"{label:<28} {med([x[0] for x in rows], '{:.3f}'):>20} {med([x[1] for x in rows], '{:.3f}'):>20} "
-              f"{med([x[2] for x in rows]):>20} {med([x[3] for x in rows]):>18} {med([x[4] for x in rows], '{:.3f}'):>20} "
+              f"{med([x[2] for x in rows]):>20} {med([x[3] for x in rows]):>18} "
+              f"{med([x[4] for x in rows], '{:.3f}'):>20} "
               f"{ratios[0]:>9} {ratios[1]:>10} {ratios[2]:>9}")
     return 0
 

@@ -146,7 +146,8 @@ def parse_gil_pause(value: Any) -> int:
     if value == "off" or value == "0" or (value == 0 and not isinstance(value, bool)):
         return 0
     if isinstance(value, str) and not any(c.isdigit() for c in value):
-        raise L3ConfigError(f"{key}: unknown value {value!r} (expected \"page\", \"off\", 0 or a size such as \"1MiB\")")
+        raise L3ConfigError(f"{key}: unknown value {value!r} (expected \"page\", \"off\", 0 or a size such as "
+                            f"\"1MiB\")")
     n = parse_size(value, key)
     if not 64 * 2**10 <= n <= 2**30:
         raise L3ConfigError(f"{key}: a size must be in [64 KiB, 1 GiB] (a smaller one pauses every few chunks, each "
@@ -265,7 +266,7 @@ class L3Config:
     # scheduler thread, in the same process, waits while reload threads hash. The checksum may give the GIL up at
     # each page's end (GIL_PAUSE_PAGE, "page"), also after every this many bytes (a size), or never (0, "off": the
     # default). Each pause is a GIL hand-off, 10-45 us of CPU: "page" took the scheduler's p99 wait 2-3x down and the
-    # layer-first reload CPU 1.1-1.3x up, over the 1.2x-of-raw-read-+-xxh3 target (l3_design.md, issue 28, run 13).
+    # layer-first reload CPU 1.1-1.4x up, over the 1.2x-of-raw-read-+-xxh3 target (l3_design.md, issue 28, run 13).
     layer_first_gil_pause_bytes: int = 0
     payload_weights: Mapping[str, float] | None = None  # None = equal_slots
     writer_mode: str = "spread"  # replicated (MLA/DSA) pages under CP/TP: "spread" over the node's replicas | "one_per_node"
@@ -645,7 +646,7 @@ layer_first_reads = "vectored"  # layer-first pages: one read straight into ever
 read_coalesce_bytes = "8MiB"    # pages of one reload in adjacent slots: one read of up to this many bytes (0: a read a
                                 # page)
 layer_first_gil_pause = "off"   # a layer-first page's checksum holds the GIL, SGLang's scheduler thread waits: "page"
-                                # gives it up at each page's end (that wait's p99 2-3x lower, reload CPU 1.1-1.3x) | a
+                                # gives it up at each page's end (that wait's p99 2-3x lower, reload CPU 1.1-1.4x) | a
                                 # size ("1MiB": also every that many bytes) | "off"
 
 # Sidecar draft pools (non-NextN EAGLE) need every kind sized from the config alone (put payload_split above the

@@ -783,7 +783,8 @@ def render(results: list[dict], load: "dict | None", args, failed: "list[str] | 
                          f"read_coalesce_bytes = {r.get('read_coalesce_bytes')} B)")
         if r.get("layer_first_gil_pause_bytes") is not None:
             g = r["layer_first_gil_pause_bytes"]
-            when = "never" if g == 0 else "at each page's end" if g >= GIL_PAUSE_PAGE else f"every {g} B and at each page's end"
+            when = ("never" if g == 0 else "at each page's end" if g >= GIL_PAUSE_PAGE
+                    else f"every {g} B and at each page's end")
             lines.append(f"{'':>9} | layer-first checksums give the GIL up {when} ([queues] layer_first_gil_pause)")
         lines.append(f"{'':>9} | io_mode={r['io_mode']} pages={r['pages']} layers={r['layers']} spill retries "
                      f"(staging full)={r['spill_retries']} dio={r['dio_alignment']} "
@@ -810,7 +811,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
     ap.add_argument("--read-coalesce", default=None, metavar="SIZE",
                     help="[queues] read_coalesce_bytes (e.g. 8MiB; 0: one read a page); default: the engine's")
     ap.add_argument("--gil-pause", default=None, metavar="WHEN",
-                    help='[queues] layer_first_gil_pause ("page", "off" or a size such as 1MiB); default: the engine\'s')
+                    help='[queues] layer_first_gil_pause ("page", "off" or a size such as 1MiB); default: the '
+                         "engine's")
     ap.add_argument("--batch-pages", type=int, default=32, help="[queues] write_batch_pages")
     ap.add_argument("--staging-mb", type=int, default=256, help="[queues] staging_bytes, in MiB")
     ap.add_argument("--load-pages", type=int, default=0,
