@@ -4,6 +4,10 @@ A test marked `@pytest.mark.gpu(reason="...")` says in its reason what it proves
 visible to torch AND SGLang imports; elsewhere it is skipped with that reason plus why it could not run here, so the
 skip list in `pytest -ra` doubles as the list of what this machine did not prove. `slow` needs no gate (deselect it
 with `-m "not slow"`).
+
+The leak guard (tests/leakguard.py): every test, and every module's module-scoped fixtures, must leave process-wide
+state (environment, sys.path, SGLang's published topology and server args, loggers, fake modules, the plugin's
+registries, ...) as they found it; the one that does not fails, naming what it changed, and the state is put back.
 """
 
 from __future__ import annotations
@@ -20,6 +24,61 @@ import pytest
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
+
+import leakguard  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _leak_guard(request):
+    """Set up before, and torn down after, every other function-scoped fixture of the test (autouse in the root
+    conftest comes first): what it sees changed is the test's own doing."""
+    before = leakguard.snapshot()
+    yield
+    changes = leakguard.diff(before, leakguard.snapshot())
+    if changes:
+        leakguard.restore(before)
+        pytest.fail(leakguard.message(request.node.nodeid, changes), pytrace=False)
+
+
+@pytest.fixture
+def sglang_state():
+    """For a test that drives SGLang the way a launch or a scheduler does once per process: publishing server args,
+    stamping a topology, reading a flag SGLang then initialises, parsing a launch (ServerArgs exports environment
+    variables, SGLang's logger set-up replaces the root logger's handler, the plugin's L3 hook latches "launched").
+    All of it is put back when the test ends."""
+    with leakguard.kept("environment", "logging", "SGLang runtime context", "plugin"):
+        yield
+
+
+_module_before: dict = {}  # the state before the first test of the module that runs now
+
+
+def _module_of(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item):
+    if _module_before.get("module") != _module_of(item):  # before its module-scoped fixtures are set up
+        _module_before.update(module=_module_of(item), state=leakguard.snapshot())
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    # pytest tears a module's fixtures down after its last test when the next test is in another module. (After
+    # the session's last test, the session's fixtures go too: what they set up is not a module's leak.)
+    if nextitem is not None and _module_of(nextitem) != _module_of(item) and \
+            _module_before.get("module") == _module_of(item):
+        before = _module_before.pop("state")
+        _module_before.clear()
+        changes = leakguard.diff(before, leakguard.snapshot())
+        if changes:
+            leakguard.restore(before)
+            raise pytest.fail.Exception(leakguard.message(
+                f"{_module_of(item)} (its module-scoped fixtures, torn down after this test)", changes), pytrace=False)
+    return result
 
 
 @functools.lru_cache(maxsize=1)

@@ -58,15 +58,17 @@ class FakePool:
 
 @pytest.fixture
 def env(monkeypatch):
-    """The real capture path with the cg_mem hooks wrapped on the way SGLang's HookRegistry wraps them."""
+    """The real capture path with the cg_mem hooks wrapped on the way SGLang's HookRegistry wraps them, around
+    SGLang's own functions (unwrapped: a module that registered the plugin in this process has wrapped them once)."""
     hooks.reset_for_tests()
     monkeypatch.setattr(input_buffers, "_forward_input_buffer_pool", {})  # a fresh process-wide share pool
     monkeypatch.setattr(hooks, "_tp_rank", lambda: 0)
     monkeypatch.setattr(dcgr, "get_parallel", lambda: SimpleNamespace(tp_rank=0, tp_group=None))
     monkeypatch.setattr(dcgr, "get_available_gpu_memory", lambda *a, **k: 100.0)
-    monkeypatch.setattr(Decode, "capture", _wrap_fn(Decode.capture, hooks.hook_capture, HookType.AROUND))
+    monkeypatch.setattr(Decode, "capture", _wrap_fn(inspect.unwrap(Decode.capture), hooks.hook_capture,
+                                                    HookType.AROUND))
     monkeypatch.setattr(Decode, "_post_process_after_profile", _wrap_fn(
-        Decode._post_process_after_profile, hooks.hook_post_process_after_profile, HookType.AROUND))
+        inspect.unwrap(Decode._post_process_after_profile), hooks.hook_post_process_after_profile, HookType.AROUND))
     pool = FakePool()
     monkeypatch.setattr(hooks, "_stats_fn", lambda runner: pool.stats)
     calls = SimpleNamespace(inner=0, shapes=[])
@@ -249,7 +251,7 @@ def test_profile_snapshot_one_pickle_per_family(env, monkeypatch, caplog):
 
     # Without the hook SGLang names every runner's snapshot the same: what the hook exists to fix.
     dumped.clear()
-    hooks_free = Decode._post_process_after_profile.__wrapped__
+    hooks_free = inspect.unwrap(Decode._post_process_after_profile)
     hooks_free(target, FakeProf())
     hooks_free(draft, FakeProf())
     assert dumped == [attr.LEGACY_PICKLE, attr.LEGACY_PICKLE]
@@ -284,12 +286,14 @@ def test_sglang_still_has_the_shape_the_hooks_rely_on():
     "needs a CUDA GPU: proves the default counter reader (allocator + graph-pool segments) reports real "
     "per-shape graph-pool growth through the patched capture of a real SGLang runner class. It has not run on "
     "a GPU node with SGLang; the torch-only core ran on an H200 (docs_internal/cg_mem_h200_run.md)."))
-def test_real_cuda_graph_capture_records_pool_growth(monkeypatch, caplog):
+def test_real_cuda_graph_capture_records_pool_growth(monkeypatch, caplog, request):
     hooks.reset_for_tests()
+    request.addfinalizer(hooks.reset_for_tests)  # the switch is read once per process: not on for the next test
     monkeypatch.setenv("SGLANG_LOG_CG_BUFFERS", "1")
     monkeypatch.setattr(hooks, "_tp_rank", lambda: 0)
     monkeypatch.setattr(dcgr, "get_parallel", lambda: SimpleNamespace(tp_rank=0, tp_group=None))
-    monkeypatch.setattr(Decode, "capture", _wrap_fn(Decode.capture, hooks.hook_capture, HookType.AROUND))
+    monkeypatch.setattr(Decode, "capture", _wrap_fn(inspect.unwrap(Decode.capture), hooks.hook_capture,
+                                                    HookType.AROUND))
     pool = torch.cuda.graph_pool_handle()
     monkeypatch.setattr(hooks, "_graph_pool_id", lambda: pool)
     weight = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)

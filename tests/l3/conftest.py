@@ -75,10 +75,8 @@ def plugin():
 
 @pytest.fixture(scope="module")
 def standins(plugin):
-    from sglang_glm_ext.l3 import hooks
     from sglang_glm_ext.l3.demo import cpu_standins
 
-    hooks._LAUNCHED = False  # an earlier test module may have resolved a launch-like record in this process
     cpu_standins.install()
     yield cpu_standins
     cpu_standins.uninstall()

@@ -11,6 +11,9 @@ from sglang_glm_ext.l3 import hooks
 
 from l3kit import write_config
 
+# Each test parses a launch through SGLang: its env exports, logger set-up and the L3 latch are put back.
+pytestmark = pytest.mark.usefixtures("sglang_state")
+
 
 @pytest.fixture(scope="module", autouse=True)
 def loaded(plugin):

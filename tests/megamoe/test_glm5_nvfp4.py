@@ -72,8 +72,7 @@ def test_glm5_nvfp4_forward_reaches_the_kernel_with_standard_routing(monkeypatch
 
     ck = H.Checkpoint.random(E, HID, INTER, seed=3)
     fi = H.FakeFlashInfer()
-    torch.set_grad_enabled(False)
-    with fi.installed(), H.sglang_runtime(quantization="modelopt_fp4", a2a="megamoe", runner="auto"):
+    with torch.no_grad(), fi.installed(), H.sglang_runtime(quantization="modelopt_fp4", a2a="megamoe", runner="auto"):
         get_parallel().override_permanently(tp_size=1, tp_rank=0)
         qc = ModelOptFp4Config(is_checkpoint_nvfp4_serialized=True, group_size=16, packed_modules_mapping={},
                                exclude_modules=["model.layers.3.mlp.shared_experts", "model.layers.3.mlp.gate"])

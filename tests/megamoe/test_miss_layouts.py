@@ -20,7 +20,6 @@ Triton's, not run here: no lent machine has an SM100 GPU.
 from __future__ import annotations
 
 import sys
-import types
 from types import SimpleNamespace
 
 import pytest
@@ -104,14 +103,16 @@ def test_nvfp4_trtllm_miss_through_sglangs_trtllm_runner(monkeypatch):
     ck = H.Checkpoint.random(E, HID, INTER, seed=5)
     fi = H.FakeFlashInfer()
     kernel = FakeTrtllmKernel(ck)
-    fused_moe = types.ModuleType("flashinfer.fused_moe")
-    fused_moe.trtllm_fp4_block_scale_routed_moe = kernel.routed
-    fused_moe.trtllm_fp4_block_scale_moe = lambda **kw: pytest.fail("the logits (bypassed) kernel ran")
     x, ids, w = routing()
     parts = []
     with fi.installed():
         layers = [nvfp4_rank(ck, r, monkeypatch) for r in (0, 1)]
-        monkeypatch.setitem(sys.modules, "flashinfer.fused_moe", fused_moe)
+        # On the fake flashinfer's own module: a sys.modules entry monkeypatch put back after fi.installed() has
+        # removed it would leave the fake behind for every later test.
+        fused_moe = sys.modules["flashinfer.fused_moe"]
+        monkeypatch.setattr(fused_moe, "trtllm_fp4_block_scale_routed_moe", kernel.routed, raising=False)
+        monkeypatch.setattr(fused_moe, "trtllm_fp4_block_scale_moe",
+                            lambda **kw: pytest.fail("the logits (bypassed) kernel ran"), raising=False)
         monkeypatch.setattr(fit, "fp4_quantize", kernel.quantize)
         monkeypatch.setattr(fit, "trtllm_moe_enable_pdl", lambda n: False)
         monkeypatch.setattr(fit, "get_activation_type", lambda act, is_gated=True: f"{act}/gated={is_gated}")

@@ -6,6 +6,9 @@ import pytest
 
 from sglang_glm_ext.plugin import flags, hooks
 
+# Each test parses a launch through SGLang: its env exports, logger set-up and the L3 latch are put back.
+pytestmark = pytest.mark.usefixtures("sglang_state")
+
 
 @pytest.fixture(scope="module", autouse=True)
 def loaded():

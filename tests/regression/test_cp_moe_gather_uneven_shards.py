@@ -127,10 +127,12 @@ def cp_parallel(monkeypatch):
 
     def stamp(strategy: str, cp: int, cp_rank: int = 0):
         cp_base.init_cp_strategy(enable_prefill_cp=True, cp_size=cp, cp_strategy=strategy)
+        # The whole topology, MoE widths included: SGLang checks tp_size against every published width, so a
+        # partial override holds only while nothing else has been published.
         return get_parallel().override(
             tp_size=cp, tp_rank=cp_rank, attn_cp_size=cp, attn_cp_rank=cp_rank, attn_tp_size=1, attn_tp_rank=0,
-            attn_dp_size=1, attn_dp_rank=0, enable_prefill_cp=True, cp_strategy=strategy,
-            enable_cp_tp_group_sharing=False)
+            attn_dp_size=1, attn_dp_rank=0, moe_tp_size=cp, moe_ep_size=1, moe_dp_size=1,
+            enable_prefill_cp=True, cp_strategy=strategy, enable_cp_tp_group_sharing=False)
 
     return stamp
 

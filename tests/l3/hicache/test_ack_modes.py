@@ -17,7 +17,7 @@ import pytest
 
 from l3kit import write_config
 
-pytestmark = pytest.mark.usefixtures("standins")
+pytestmark = pytest.mark.usefixtures("standins", "sglang_state")  # its stacks publish server args
 
 CHILD = os.path.join(os.path.dirname(__file__), "ack_kill_child.py")
 PAGES = 6

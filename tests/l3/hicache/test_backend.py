@@ -10,6 +10,7 @@ import torch
 
 from sglang_glm_ext.l3.hicache.extra_config import AttachError
 
+import leakguard
 from l3kit import write_config
 
 pytestmark = pytest.mark.usefixtures("standins")
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.usefixtures("standins")
 def published(standins):
     from sglang_glm_ext.l3.demo import stack
 
-    stack.publish_server_args(stack.StackSpec(), storage_backend=None, extra_config=None)
+    with leakguard.kept():  # the module's server args, withdrawn after it
+        stack.publish_server_args(stack.StackSpec(), storage_backend=None, extra_config=None)
+        yield
 
 
 def pools(family, layout, **kw):

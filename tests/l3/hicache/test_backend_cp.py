@@ -6,6 +6,7 @@ import torch
 
 from sglang_glm_ext.l3.hicache.extra_config import AttachError
 
+import leakguard
 from l3kit import write_config
 from .test_backend import attach, pools, transfers
 
@@ -16,7 +17,9 @@ PS = 64
 def published(standins):
     from sglang_glm_ext.l3.demo import stack
 
-    stack.publish_server_args(stack.StackSpec(), storage_backend=None, extra_config=None)
+    with leakguard.kept():
+        stack.publish_server_args(stack.StackSpec(), storage_backend=None, extra_config=None)
+        yield
 
 
 def _cp_config(tmp_path, ranks=2, mode="spread"):

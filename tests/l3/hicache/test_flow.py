@@ -7,7 +7,7 @@ import torch
 
 from l3kit import write_config
 
-pytestmark = pytest.mark.usefixtures("standins")
+pytestmark = pytest.mark.usefixtures("standins", "sglang_state")  # its stacks publish server args
 
 PS = 64
 

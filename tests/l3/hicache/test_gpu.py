@@ -11,7 +11,7 @@ from l3kit import write_config
                         "layer_first) with pinned host pools: write-back -> L2 eviction -> prefetch from L3 -> "
                         "load-back restores every KV and indexer byte on the device")
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-def test_pinned_host_pools_and_real_kernels_round_trip_through_l3(tmp_path, plugin, layout):
+def test_pinned_host_pools_and_real_kernels_round_trip_through_l3(tmp_path, plugin, layout, sglang_state):
     from sglang_glm_ext.l3.demo import stack
 
     spec = stack.StackSpec(layers=8, layout=layout, io_backend="kernel", device="cuda")

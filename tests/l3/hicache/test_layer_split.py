@@ -11,6 +11,7 @@ import torch
 
 from sglang_glm_ext.l3.hicache.extra_config import AttachError
 
+import leakguard
 from l3kit import write_config
 from .test_backend import transfers
 
@@ -24,9 +25,9 @@ pytestmark = pytest.mark.usefixtures("standins")
 def published(standins):
     from sglang_glm_ext.l3.demo import stack
 
-    stack.publish_server_args(stack.StackSpec(), storage_backend=None, extra_config=None)
-    yield
-    stack.publish_server_args(stack.StackSpec(), storage_backend=None, extra_config=None)
+    with leakguard.kept():  # what was published before this test, back when it ends (its ranks publish their own)
+        stack.publish_server_args(stack.StackSpec(), storage_backend=None, extra_config=None)
+        yield
 
 
 def _config(tmp_path, ranks, **kw):

@@ -76,7 +76,7 @@ class L3KitFixtures(UnifiedRadixCacheStorageFixtures):
         self.addCleanup(cc._stop_storage_threads)
 
 
-@pytest.mark.usefixtures("standins")
+@pytest.mark.usefixtures("standins", "sglang_state")  # the kit publishes server args
 class TestL3ThroughSGLangStorageKit(L3KitFixtures, unittest.TestCase):
     cfg = CacheConfig(page_size=64, num_layers=4, kv_size=1024, max_context_len=1024)
 
