@@ -27,7 +27,6 @@ import struct
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import numpy as np
@@ -619,6 +618,7 @@ KILLER = textwrap.dedent("""
             cut = rng.randrange(len(live))
             ix.delete_if(live[cut:cut + 150])
             del live[cut:cut + 150]
+        print("C", flush=True)  # one line per commit: the parent kills after a count, not after a time
 """)
 
 
@@ -630,10 +630,13 @@ def test_an_index_killed_mid_commit_is_never_reported_damaged(tmp_path):
     for seed in range(6):
         p = subprocess.Popen([sys.executable, "-c", KILLER, str(tmp_path / "idx"), str(seed)], env=env,
                              stdout=subprocess.PIPE, text=True)
-        assert p.stdout.readline().strip() == "GO"
-        time.sleep(0.2 + 0.1 * seed)
-        p.send_signal(signal.SIGKILL)
-        p.wait()
+        try:
+            assert p.stdout.readline().strip() == "GO"
+            for _ in range(20 + 15 * seed):  # the kill lands after a different number of commits each run (the
+                assert p.stdout.readline().strip() == "C"  # child is then inside the next commit or its print)
+        finally:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
         for mode in ("fast", "full"):
             ok, problems = index_check.check_index(str(tmp_path / "idx"), mode)
             assert ok, f"seed {seed} {mode}: {problems}"
