@@ -153,3 +153,48 @@ def test_the_wheel_the_readme_installs_builds_and_carries_the_plugin(tmp_path):
     out = proc.stdout.splitlines()
     assert out[0].startswith(str(target)) and out[1] == "sglang_glm_ext:register", proc.stdout + proc.stderr
     assert out[2] == f"sglang-glm-ext {__version__}"
+
+
+# ---- scripts/test.sh: the shuffled order and its seed ----
+
+def _run_test_sh(tmp_path, seed):
+    """scripts/test.sh in a copy of the checkout whose set-up is a no-op and whose python prints its argv."""
+    import subprocess
+
+    (tmp_path / "scripts").mkdir(exist_ok=True)
+    (tmp_path / "scripts" / "test.sh").write_text((ROOT / "scripts" / "test.sh").read_text())
+    (tmp_path / "scripts" / "setup_env.sh").write_text("exit 0\n")
+    py = tmp_path / ".venv" / "bin" / "python"
+    py.parent.mkdir(parents=True, exist_ok=True)
+    py.write_text('#!/bin/sh\necho "ARGV $*"\n')
+    py.chmod(0o755)
+    env = {k: v for k, v in __import__("os").environ.items() if k != "SGLANG_GLM_EXT_TEST_SEED"}
+    if seed is not None:
+        env["SGLANG_GLM_EXT_TEST_SEED"] = seed
+    return subprocess.run(["bash", str(tmp_path / "scripts" / "test.sh"), "-q", "-m", "not slow"], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_test_sh_shuffles_from_a_seed_it_prints_fixed_by_default_and_replayable(tmp_path):
+    default = _run_test_sh(tmp_path, None)
+    m = re.search(r"seed (\d+) \(replay: SGLANG_GLM_EXT_TEST_SEED=\1 ", default.stdout)
+    assert default.returncode == 0 and m, default.stdout + default.stderr
+    assert f"ARGV -m pytest --random-order-bucket=module --random-order-seed={m.group(1)} -q -m not slow" \
+        in default.stdout
+    assert _run_test_sh(tmp_path, None).stdout == default.stdout  # CI's order: the same every run
+    again = _run_test_sh(tmp_path, "4711")
+    assert "seed 4711 " in again.stdout and "--random-order-seed=4711 -q" in again.stdout
+    drawn = _run_test_sh(tmp_path, "random")
+    n = re.search(r"seed (\d+) ", drawn.stdout).group(1)
+    assert f"--random-order-seed={n} -q" in drawn.stdout  # the seed printed is the seed run
+    off = _run_test_sh(tmp_path, "off")
+    assert "file order" in off.stdout and "ARGV -m pytest -q -m not slow" in off.stdout and "random" not in off.stdout
+    bad = _run_test_sh(tmp_path, "12a")
+    assert bad.returncode == 2 and "SGLANG_GLM_EXT_TEST_SEED must be a number" in bad.stderr and "ARGV" not in bad.stdout
+
+
+def test_random_order_is_in_the_test_extra():
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert any(r.startswith("pytest-random-order") for r in extra)
