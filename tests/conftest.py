@@ -27,6 +27,8 @@ if _HERE not in sys.path:
 
 import leakguard  # noqa: E402
 
+leakguard.trace_imports()  # before any test file is imported: what an import changes is not a test's leak
+
 
 @pytest.fixture(autouse=True)
 def _leak_guard(request):

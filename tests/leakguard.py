@@ -13,6 +13,11 @@ module not yet imported reads ``ABSENT``, and importing one during a test is not
 
 What is deliberately not a leak (each a one-time effect of an import or a first use, the same whichever test
 comes first, never a value a test chose):
+- what a module does while it is imported: ``trace_imports()`` (installed by the root conftest before any test file
+  is imported) records the environment variables, ``sys.path`` entries, loggers and hand-made ``sys.modules``
+  entries each outermost import changes, and a value an import set is not held against the test that imported it
+  first (``import sglang`` points third-party caches at SGLANG_CACHE_DIR, its scheduler module sets up logging, C
+  extensions register runtime modules, setuptools appends its vendored folder to ``sys.path``);
 - the plugin's registration (``register()`` is idempotent and one-way in a real process: its ledger going from None
   to a ledger is accepted, any other change is not);
 - new entries in ``sys.modules`` made by an import (a module with a ``__spec__``; a package may also put plain
@@ -20,11 +25,7 @@ comes first, never a value a test chose):
 - pytest's own log-capture handlers, which it swaps on the root logger between a test's phases, and its
   ``PYTEST_CURRENT_TEST``;
 - what torch's compiler sets up on its first compile: its ``torch.*`` loggers (torch._logging), its compiled
-  kernels' modules (``torch._inductor.*``) and its ``_TORCHINDUCTOR_*`` environment variables;
-- setuptools' vendored-packages folder, which importing setuptools appends to ``sys.path``;
-- what SGLang's own modules do when they are imported (``IMPORT_EFFECTS``): the scheduler module sets up logging
-  (a root handler where there was none, httpx at WARNING, huggingface_hub's handler dropped), the DeepGEMM and
-  MXFP4 modules export defaults for their libraries, a SWIG extension registers its runtime module.
+  kernels' modules (``torch._inductor.*``) and its ``_TORCHINDUCTOR_*`` environment variables.
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ def _short(v: Any, n: int = 80) -> str:
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
-def _dict_diff(before: dict, after: dict, what: str, imported: tuple = ()) -> list[str]:
+def _dict_diff(before: dict, after: dict, what: str, imported: dict | None = None) -> list[str]:
     out = []
     for k in sorted(set(before) | set(after), key=str):
-        if k in imported and k not in before:
+        if imported and k in imported and after.get(k, ABSENT) == imported[k]:  # the value an import set
             continue
         if k not in after:
             out.append(f"{what}: {k} removed (was {_short(before[k])})")
@@ -80,16 +81,6 @@ class Probe:
 
 # ---- the process: environment, sys.path, cwd, umask, signals, switch interval ----
 
-# What importing SGLang's modules sets, whichever test imports them first (checked against SGLang 0.5.23:
-# srt/managers/scheduler.py -> utils/common.py suppress_noisy_warnings, deep_gemm_wrapper/compile_utils.py,
-# quantization/mxfp4*.py). Env vars: exempt only when they appear; loggers: (name, field) exempt as they change.
-IMPORT_EFFECTS = {
-    "env": ("DG_JIT_CACHE_DIR", "DG_JIT_USE_NVRTC", "TLLM_LOG_LEVEL"),
-    "loggers": (("httpx", "level"), ("huggingface_hub", "handlers")),
-    "modules": ("swig_runtime_data",),
-}
-
-
 def _env_exempt(name: str) -> bool:
     return name == "PYTEST_CURRENT_TEST" or name.startswith("_TORCHINDUCTOR_")
 
@@ -104,22 +95,18 @@ def _env_restore(before: dict) -> None:
     os.environ.update(before)
 
 
-def _syspath() -> list:
-    return [p for p in sys.path if not p.endswith(os.sep + os.path.join("setuptools", "_vendor"))]
-
-
 def _path_diff(before: list, after: list) -> list[str]:
     if before == after:
         return []
-    added = [p for p in after if p not in before]
+    added = [p for p in after if p not in before and p not in _IMPORTED["sys.path"]]
     removed = [p for p in before if p not in after]
     if not added and not removed:
-        return ["sys.path: reordered"]
+        return [] if [p for p in after if p in before] == before else ["sys.path: reordered"]
     return [f"sys.path: {p} added" for p in added] + [f"sys.path: {p} removed" for p in removed]
 
 
 def _path_restore(before: list) -> None:
-    sys.path[:] = before + [p for p in sys.path if p not in _syspath()]
+    sys.path[:] = before + [p for p in sys.path if p not in before and p in _IMPORTED["sys.path"]]
 
 
 def _umask() -> int:
@@ -157,7 +144,7 @@ def _modules() -> dict:
 def _hand_made(name: str, m: Any) -> bool:
     """A module object no import made (``types.ModuleType(...)`` put in ``sys.modules``): a fake left behind."""
     return isinstance(m, types.ModuleType) and getattr(m, "__spec__", None) is None and name != "__main__" \
-        and not name.startswith(("torch._inductor.",) + IMPORT_EFFECTS["modules"])
+        and not name.startswith("torch._inductor.") and name not in _IMPORTED["modules"]
 
 
 def _modules_diff(before: dict, after: dict) -> list[str]:
@@ -209,10 +196,7 @@ def _loggers_diff(before: dict, after: dict) -> list[str]:
                 out.append(f"logging.disable: {old} -> {new}")
             continue
         for f, a, b in zip(fields, old, new or old):
-            if a == b or (name, f) in IMPORT_EFFECTS["loggers"]:
-                continue
-            if (name, f) == ("<root>", "handlers") and a == () and len(b) == 1 and \
-                    isinstance(b[0], logging.StreamHandler):  # SGLang's logging set-up, at the scheduler's import
+            if a == b or _IMPORTED["loggers"].get((name, f), ABSENT) == b:  # unchanged, or as an import left it
                 continue
             out.append(f"logger {name!r}: {f} {_short(a)} -> {_short(b)}")
     return out
@@ -368,9 +352,58 @@ def _plugin_restore(before: dict) -> None:
         (standins.install if was else standins.uninstall)()
 
 
+# ---- what imports change: recorded, so a first import is not a leak of the test that made it ----
+
+_IMPORTED: dict = {"env": {}, "sys.path": set(), "modules": set(), "loggers": {}}
+_import_depth = threading.local()
+
+
+def _record_import(before: dict) -> None:
+    env = _environ()
+    for k, v in env.items():
+        if before["env"].get(k, ABSENT) != v:
+            _IMPORTED["env"][k] = v
+    _IMPORTED["sys.path"].update(p for p in sys.path if p not in before["sys.path"])
+    _IMPORTED["modules"].update(n for n, m in list(sys.modules.items())
+                                if n not in before["modules"] and isinstance(m, types.ModuleType)
+                                and getattr(m, "__spec__", None) is None)
+    loggers = _loggers()
+    for name, state in loggers.items():
+        old = before["loggers"].get(name)
+        if name == "<disable>" or old is None:
+            continue
+        for f, a, b in zip(("level", "handlers", "propagate", "disabled"), old, state):
+            if a != b:
+                _IMPORTED["loggers"][(name, f)] = b
+
+
+def trace_imports() -> None:
+    """Wrap importlib's ``_find_and_load`` (what every ``import`` of a module not yet loaded calls) so the outermost
+    import of each thread records what it changed. Idempotent."""
+    import importlib._bootstrap as bootstrap
+
+    real = bootstrap._find_and_load
+    if getattr(real, "_leakguard", False):
+        return
+
+    def _find_and_load(name, import_):
+        if getattr(_import_depth, "n", 0):
+            return real(name, import_)
+        before = {"env": _environ(), "sys.path": set(sys.path), "modules": set(sys.modules), "loggers": _loggers()}
+        _import_depth.n = 1
+        try:
+            return real(name, import_)
+        finally:
+            _import_depth.n = 0
+            _record_import(before)
+
+    _find_and_load._leakguard = True
+    bootstrap._find_and_load = _find_and_load
+
+
 PROBES: tuple[Probe, ...] = (
-    Probe("environment", _environ, lambda a, b: _dict_diff(a, b, "env", IMPORT_EFFECTS["env"]), _env_restore),
-    Probe("sys.path", _syspath, _path_diff, _path_restore),
+    Probe("environment", _environ, lambda a, b: _dict_diff(a, b, "env", _IMPORTED["env"]), _env_restore),
+    Probe("sys.path", lambda: list(sys.path), _path_diff, _path_restore),
     Probe("cwd", os.getcwd, _eq_diff("cwd"), os.chdir),
     Probe("umask", _umask, _eq_diff("umask"), os.umask),
     Probe("signal handlers", _signals, lambda a, b: _dict_diff(a, b, "signal handler"), _signals_restore),

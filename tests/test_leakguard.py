@@ -78,6 +78,27 @@ def test_a_fake_module_left_in_sys_modules_is_named_and_removed_an_import_is_not
     assert sys.modules["textwrap"] is old
 
 
+def test_what_an_import_sets_is_the_imports_what_a_test_sets_after_it_is_a_leak(tmp_path, monkeypatch):
+    """import sglang points third-party caches at its own folder, C extensions register runtime modules: whichever
+    test imports a module first must not be blamed for what the import did (the import tracer records it)."""
+    (tmp_path / "glm_ext_leakguard_side_effects.py").write_text(
+        "import os, sys, types, logging\n"
+        "os.environ['GLM_EXT_SET_BY_IMPORT'] = '1'\n"
+        "sys.modules['glm_ext_runtime_registry'] = types.ModuleType('glm_ext_runtime_registry')\n"
+        "logging.getLogger('glm_ext_leakguard_probe2').setLevel(logging.ERROR)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    logging.getLogger("glm_ext_leakguard_probe2")  # exists before the import: its level change is the import's
+    try:
+        assert _caught(lambda: __import__("glm_ext_leakguard_side_effects")) == []
+        found = _caught(lambda: os.environ.__setitem__("GLM_EXT_SET_BY_IMPORT", "2"))
+        assert found == ["env: GLM_EXT_SET_BY_IMPORT '1' -> '2'"], found
+    finally:
+        os.environ.pop("GLM_EXT_SET_BY_IMPORT", None)
+        sys.modules.pop("glm_ext_runtime_registry", None)
+        sys.modules.pop("glm_ext_leakguard_side_effects", None)
+        logging.getLogger("glm_ext_leakguard_probe2").setLevel(logging.NOTSET)
+
+
 def test_sglang_topology_stamped_or_server_args_published_is_named_and_put_back():
     """The leak that broke the CP tests: a publish and a permanent topology stamp that nothing undid. SGLang's own
     snapshot_context() would not see it come back: it keeps the stamp dict by reference, and override_permanently
