@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent("""
            "ppid": os.getppid(), "preloaded": "decimal" in sys.modules, "name": __name__}
     print(json.dumps(out), flush=True)
     if sys.argv[1] == "sleep":
-        time.sleep(120)
+        time.sleep(3600)  # until the test kills it (or the zygote's close does): never by running out
     sys.exit(int(sys.argv[2]))
 """)
 
@@ -54,7 +54,8 @@ def test_sigkill_of_one_rank_kills_that_process_only(zygote, script, tmp_path):
     try:
         deadline = time.monotonic() + 60
         while not (victim.read_log() and other.read_log()):  # both running their script
-            assert time.monotonic() < deadline and victim.poll() is None and other.poll() is None
+            assert victim.poll() is None and other.poll() is None, (victim.read_log(), other.read_log())
+            assert time.monotonic() < deadline, "a hang guard: the ranks never started their script"
             time.sleep(0.05)
         os.kill(victim.pid, signal.SIGKILL)
         assert victim.wait(30) == -signal.SIGKILL

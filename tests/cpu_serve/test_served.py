@@ -35,10 +35,9 @@ def _alive(pid):
 def test_stop_and_kill_end_the_whole_process_group(tmp_path, how):
     log = str(tmp_path / "s.log")
     srv = FakeServer(CHILD, log).start()
-    for _ in range(100):
-        text = open(log).read().strip()
-        if text:
-            break
+    deadline = time.monotonic() + 60  # a hang guard: the child's pid comes once two interpreters have started
+    while not (text := open(log).read().strip()):
+        assert time.monotonic() < deadline, "the fake server never printed its child's pid"
         time.sleep(0.1)
     child = int(text.split()[0])
     assert srv.alive() and _alive(child)
@@ -51,12 +50,14 @@ def test_wait_ready_fails_with_the_log_when_the_server_dies_or_is_slow(tmp_path)
     srv = FakeServer("import sys; print('boom: bad flag'); sys.exit(3)", str(tmp_path / "a.log")).start()
     with pytest.raises(served.ServerError, match="(?s)exited .*code 3.*boom: bad flag"):
         srv.wait_ready(60)
-    srv = FakeServer("import time; time.sleep(60)", str(tmp_path / "b.log")).start()
+    srv = FakeServer("import time; time.sleep(300)", str(tmp_path / "b.log")).start()
     try:
         t0 = time.monotonic()
-        with pytest.raises(served.ServerError, match="not ready after 2 s"):
+        with pytest.raises(served.ServerError, match="not ready after 2 s"):  # the timeout's error, not an exit's
             srv.wait_ready(2)
-        assert time.monotonic() - t0 < 10
+        # It gave up at its own timeout instead of waiting for the server (300 s): 60 s is a hang guard, not a speed
+        # claim (it takes about 3 s; a wait for the server would take 300).
+        assert time.monotonic() - t0 < 60, "hang guard: wait_ready(2) waited for the server"
     finally:
         srv.stop()
 
@@ -70,7 +71,7 @@ def test_parse_metrics_sums_labels_and_skips_buckets():
 
 
 BIND_ERROR = ("import sys, time; print(\"ERROR:    [Errno 98] error while attempting to bind on address "
-              "('127.0.0.1', %d): address already in use\", flush=True); time.sleep(300)")
+              "('127.0.0.1', %d): address already in use\", flush=True); time.sleep(900)")
 
 
 def test_a_port_taken_before_the_bind_is_seen_at_once_and_start_ready_takes_another(tmp_path, monkeypatch):
@@ -83,8 +84,10 @@ def test_a_port_taken_before_the_bind_is_seen_at_once_and_start_ready_takes_anot
     try:
         t0 = time.monotonic()
         with pytest.raises(served.PortInUse, match=f"port {srv.port} was taken"):
-            srv.wait_ready(120)
-        assert time.monotonic() - t0 < 30
+            srv.wait_ready(600)
+        # Named at the first look at the log (once a second), not at the timeout: a wait_ready that only noticed
+        # the bind error when giving up would take 600 s; 60 s leaves any loaded machine a wide margin.
+        assert time.monotonic() - t0 < 60, "the bind error was not seen before wait_ready's timeout"
     finally:
         srv.stop()
 

@@ -9,7 +9,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -33,11 +32,15 @@ def test_collectives_and_gathered_moe_match_the_whole_batch(tmp_path, world):
 
 
 def test_a_rank_that_skips_a_collective_times_out_instead_of_hanging(tmp_path):
-    t0 = time.monotonic()
-    # An 8 s process-group timeout (30 s on the GPU box): the skipped collective must end there, not hang.
-    proc = run(tmp_path, "--world", "2", "--hang-check", "--pg-timeout", "8", timeout=150)
+    # An 8 s process-group timeout (30 s on the GPU box): the skipped collective must end there, not hang. Rank 0's
+    # TIMEOUT line is the proof; the run's own limit only turns a hang into a failure (generous: two ranks import
+    # torch on a loaded machine).
+    try:
+        proc = run(tmp_path, "--world", "2", "--hang-check", "--pg-timeout", "8", timeout=240)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"hang guard: the run did not end within {e.timeout:.0f} s, the skipped collective hung: "
+                    f"{(e.stdout or b'')[-3000:]!r}")
     assert proc.returncode != 0 and "[rank 0] TIMEOUT" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert time.monotonic() - t0 < 100
 
 
 def test_the_script_is_torch_only():

@@ -7,8 +7,8 @@ SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS). The first wave of requests is waited on 
 (so there is something acknowledged to lose, on a fast machine too, and the replay's first turn finds its whole
 prefix in L3: waiting for only SOME durable pages failed 3 of 9 runs on the dev VM, the replay hitting nothing in L3,
 as SGLang prefetches only a prefix of >= 256 tokens durable in every pool); the second wave's write-back is
-still going when the server is killed right after its last reply; the restarted server (a normal disk) then writes
-the pages the kill cut off, which the test counts."""
+still going when the server is killed (right after its last reply, once the store reports pages in flight); the
+restarted server (a normal disk) then writes the pages the kill cut off, which the test counts."""
 
 import time
 
@@ -22,17 +22,34 @@ pytestmark = [pytest.mark.server, pytest.mark.timeout(1200)]
 
 # 4 s a write: the last replies' pages (prefilled, then 8 decode steps) cannot all be durable when the kill comes.
 SLOW_DISK = {"SGLANG_GLM_EXT_L3_TEST_WRITE_DELAY_MS": "4000"}
+INFLIGHT = "sglang:cp_l3_inflight_spill"  # pages the store accepted and has not made durable (or dropped) yet
+
+
+def _wait_metrics(url: str, what: str, pred, *, timeout: float) -> dict:
+    """Poll the server's metrics until ``pred(metrics)``; those metrics. A bounded wait: fails saying ``what``."""
+    deadline = time.monotonic() + timeout
+    while not pred(m := served.scrape(url)):
+        assert time.monotonic() < deadline, f"{what} within {timeout:.0f} s ({run.SPILL} {m.get(run.SPILL)}, " \
+                                            f"{INFLIGHT} {m.get(INFLIGHT)})"
+        time.sleep(0.5)
+    return m
 
 
 def _wait_durable(url: str, *, timeout: float) -> float:
     """Poll until the store reports a durable page (``sglang:cp_l3_spill_pages_total`` > 0); its value."""
+    m = _wait_metrics(url, "no L3 page durable", lambda m: m.get(run.SPILL, 0.0) > 0, timeout=timeout)
+    return m[run.SPILL]
+
+
+def _written_back(url: str, *, timeout: float) -> float:
+    """The durable count once the write-back is over: nothing in flight in the store (a state, however slow the
+    disk's commits come) and nothing new durable for 10 s (what SGLang's backup thread had still to hand over)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = served.scrape(url).get(run.SPILL, 0.0)
-        if value > 0:
+    while True:
+        value = served.wait_counter_settled(url, run.SPILL, quiet=10.0, timeout=max(deadline - time.monotonic(), 1.0))
+        if served.scrape(url).get(INFLIGHT, 0.0) == 0:
             return value
-        time.sleep(0.5)
-    raise AssertionError(f"no L3 page durable within {timeout:.0f} s of the first wave")
+        assert time.monotonic() < deadline, f"the write-back still had pages in flight after {timeout:.0f} s"
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +65,16 @@ def scenario(glm5_model, tmp_path_factory):
         # machine's speed, and every kind of the first turn's pages is among them.
         out["first"] = send_all(srv, reqs[:3])
         _wait_durable(srv.url, timeout=600.0)
-        # Settled: no new durable page for 10 s, 2.5 of the slow disk's writes (the write-back of wave 1 is done).
-        out["durable_before_wave2"] = served.wait_counter_settled(srv.url, run.SPILL, quiet=10.0, timeout=600.0)
-        # Wave 2 (the second turns): right after its last reply its pages are still on their way to L3
-        # (write-through backup thread, then the store's 4 s writes): kill everything now, as a crash would.
+        # Settled: nothing in flight in the store and no new durable page for 10 s (wave 1's write-back is done).
+        out["durable_before_wave2"] = _written_back(srv.url, timeout=600.0)
+        # Wave 2 (the second turns): right after its last reply its pages are on their way to L3 (write-through
+        # backup thread, then the store's 4 s writes): kill everything as soon as the store holds some in flight,
+        # as a crash would.
         out["first"] += send_all(srv, reqs[3:])
-        out["spilled_before_kill"] = served.scrape(srv.url).get(run.SPILL, 0.0)
+        m = _wait_metrics(srv.url, "wave 2's write-back never reached the store", lambda m: m.get(INFLIGHT, 0.0) > 0,
+                          timeout=120.0)
         srv.kill()
+        out["inflight_at_kill"], out["spilled_before_kill"] = m[INFLIGHT], m.get(run.SPILL, 0.0)
         out["killed_alive"] = srv.alive()
     finally:
         srv.stop()

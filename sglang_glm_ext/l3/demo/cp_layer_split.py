@@ -213,7 +213,7 @@ def scenario_lsplit_crash_write(plan, rank, group, out):
         # bounded: stay well below the GC watermark (a part is a fraction of a page, so a rank holds many), then
         # wait to be killed: GC may drop cold pages by design, this is about a crash
         slots = min(k["total"] for k in be.store.stats()["slots"].values())
-        batches = max(2, (int(slots * 0.7) - len(t1)) // 4)
+        batches = max(2, (int(slots * 0.7) - len(t1) // PS) // 4)  # t1's pages hold slots already
         out_batches = open(os.path.join(outdir, "victim_batches"), "w")
         out_batches.write(f"{batches} of {slots} slots\n")
         out_batches.close()

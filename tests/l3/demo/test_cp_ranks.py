@@ -66,6 +66,32 @@ def _kill_all(procs):
         p.wait(30)
 
 
+def _kill_mid_write(procs, out, victim, n, deadline):
+    """SIGKILL the victim as soon as its acked.txt lists ``n`` keys, then tell the survivors (``killed``). Anchored on
+    the victim's own progress, not on a sleep: the kill lands inside its write loop however fast the machine is (the
+    caller checks that the loop had not finished). Returns how many keys it had acknowledged."""
+    acked = out / "acked.txt"
+    try:
+        while not (acked.exists() and len(acked.read_text().split()) >= n):
+            if time.monotonic() > deadline or procs[victim].poll() is not None:
+                pytest.fail(f"the victim never acknowledged {n} keys: {(out / f'log{victim}').read_text()[-2000:]}")
+            time.sleep(0.01)
+        os.kill(procs[victim].pid, signal.SIGKILL)
+        procs[victim].wait(30)
+        (out / "killed").touch()
+    except BaseException:
+        _kill_all(procs)
+        raise
+    return len([ln for ln in acked.read_text().split() if len(ln) == 64])
+
+
+def _victim_owned_keys(victim, world, batches):
+    from sglang_glm_ext.l3.hicache.cp_writers import owner_index
+
+    keys = [f"{victim:02d}{i:06d}{j:02d}".ljust(64, "a")[:64] for i in range(batches) for j in range(4)]
+    return sum(owner_index(bytes.fromhex(k), world) == victim for k in keys)
+
+
 def _results(procs, out, deadline, skip=()):
     """Wait for every rank (a timeout fails the test); return each rank's result dict."""
     try:
@@ -125,22 +151,12 @@ def test_a_sigkilled_rank_loses_nothing_acknowledged_and_survivors_serve_its_pag
     cfg = _config(tmp_path, world, budget="64MiB", cold_start="load")
     procs, out = _spawn(zygote, tmp_path, "crash", world, cfg, "crash_write", victim=victim)
     deadline = time.monotonic() + RUN_TIMEOUT
-    acked = out / "acked.txt"
-    try:
-        while not (acked.exists() and len(acked.read_text().split()) >= 6):
-            if time.monotonic() > deadline or procs[victim].poll() is not None:
-                pytest.fail(f"the victim never acknowledged a write: {(out / f'log{victim}').read_text()[-2000:]}")
-            time.sleep(0.05)
-        time.sleep(0.3)  # kill it in the middle of its write loop
-        os.kill(procs[victim].pid, signal.SIGKILL)
-        procs[victim].wait(30)
-        (out / "killed").touch()
-    except BaseException:
-        _kill_all(procs)
-        raise
+    n_acked = _kill_mid_write(procs, out, victim, 6, deadline)
     res = _results(procs, out, deadline, skip=(victim,))
     assert procs[victim].returncode == -signal.SIGKILL
-    n_acked = len([ln for ln in acked.read_text().split() if len(ln) == 64])
+    # the keys of its 100 batches it owns (cp_ranks.scenario_crash_write logs only those): fewer were acknowledged,
+    # so the kill came while it was still writing, not after its loop ended
+    assert 6 <= n_acked < _victim_owned_keys(victim, world, batches=100), n_acked
     for r, got in res.items():
         assert got["durable_seen"] == 8
         assert got["t1_reads_while_victim_dead"] == 8  # its pages come from its slab files while it is dead

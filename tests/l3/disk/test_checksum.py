@@ -138,37 +138,39 @@ def test_the_gil_is_given_up_every_pause_bytes_of_held_hashing(monkeypatch, chun
 
 
 def test_another_thread_runs_while_a_layer_first_checksum_pauses():
-    """With the switch interval raised to 5 s, a thread waiting for the GIL gets it during a checksum only where the
+    """With the switch interval raised to 30 s, a thread waiting for the GIL gets it during a checksum only where the
     checksum gives it up: never without the pause (xxhash holds the GIL for chunks of 64 KiB or less), and during
     it with the pause -- what SGLang's scheduler thread sees while a reload checks layer-first pages."""
     page, chunk = 64 << 20, 16 * 1024
     b = np.frombuffer(np.random.default_rng(3).bytes(page), np.uint8)
     views = [memoryview(b)[k:k + chunk] for k in range(0, page, chunk)]
     want = F.payload_checksum(b)
-    hashing, woke, stop = [False], [0], threading.Event()
+    hashing = [False]
 
-    def waiter():
-        while not stop.is_set():
-            time.sleep(0)  # gives the GIL up and asks for it again, like a thread waking from a short sleep
-            if hashing[0]:
-                woke[0] += 1
+    def ran_during_a_checksum(pause: int) -> bool:
+        # A fresh thread blocks (GIL released) until the checksum starts, then asks for the GIL once: it records
+        # True only if the checksum handed the GIL over before it finished. Without a pause nothing can hand it over
+        # (the switch interval is far above a 64 MiB hash), so False there is not luck.
+        go, ran = threading.Event(), []
+        t = threading.Thread(target=lambda: ran.append(go.wait(60) and hashing[0]), daemon=True)
+        t.start()
+        hashing[0] = True
+        go.set()
+        got = F.checksum_views(views, gil_pause_bytes=pause)
+        hashing[0] = False
+        t.join(60)
+        assert got == want and ran, "the waiter thread never ran"
+        return ran[0]
 
     old = sys.getswitchinterval()
-    sys.setswitchinterval(5.0)
-    t = threading.Thread(target=waiter, daemon=True)
+    sys.setswitchinterval(30.0)
     try:
-        t.start()
-        time.sleep(0.05)
-        seen = {}
-        for pause in (0, 256 * 1024):
-            woke[0] = 0
-            hashing[0] = True
-            got = F.checksum_views(views, gil_pause_bytes=pause)
-            hashing[0] = False
-            seen[pause] = woke[0]
-            assert got == want
+        assert not any(ran_during_a_checksum(0) for _ in range(3))
+        # With the pause the waiter may still lose every handover race on a loaded machine; it cannot lose them all
+        # for many checksums in a row. The deadline bounds a pause that never gives the GIL up (the failure).
+        deadline, tries = time.monotonic() + 60, 0
+        while not ran_during_a_checksum(256 * 1024):
+            tries += 1
+            assert time.monotonic() < deadline, f"no thread ran during {tries} paused checksums"
     finally:
-        stop.set()
         sys.setswitchinterval(old)
-        t.join(10)
-    assert seen[0] == 0 and seen[256 * 1024] >= 1, seen

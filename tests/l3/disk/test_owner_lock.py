@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -46,7 +47,7 @@ def _entries(tmp_path, store_like_dep):
 
 
 CHILD = textwrap.dedent(f"""
-    import hashlib, json, sys, time
+    import hashlib, json, sys
     import numpy as np
     from sglang_glm_ext.l3.config import L3Config
     from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind
@@ -60,8 +61,18 @@ CHILD = textwrap.dedent(f"""
     assert all(s.spill(K, keys, [np.full(PB, i, np.uint8) for i in range(5)]))
     assert s.flush(30)
     print("READY", s.exists(K, keys), flush=True)
-    time.sleep(120)
+    sys.stdin.read()  # holds its store until killed (or until the test is gone: its stdin closes)
 """)
+
+
+def _first_line(proc, timeout=120):
+    """The child's first line. A hang guard: a child silent for ``timeout`` s is killed, which ends the read."""
+    guard = threading.Timer(timeout, proc.kill)
+    guard.start()
+    try:
+        return proc.stdout.readline()
+    finally:
+        guard.cancel()
 
 
 def test_a_second_server_of_the_same_deployment_and_rank_on_a_shared_index_is_refused(tmp_path):
@@ -71,9 +82,9 @@ def test_a_second_server_of_the_same_deployment_and_rank_on_a_shared_index_is_re
     script.write_text(CHILD)
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, str(script), json.dumps(cfg_dict(tmp_path, "disk_a"))],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        line = proc.stdout.readline()
+        line = _first_line(proc)
         assert line.split() == ["READY", "5"], proc.stderr.read()
         second = L3Config.from_dict(cfg_dict(tmp_path, "disk_b"))  # its own disk directory, the node's index
         with pytest.raises(L3OwnerLockedError) as ei:
@@ -85,14 +96,14 @@ def test_a_second_server_of_the_same_deployment_and_rank_on_a_shared_index_is_re
         assert _entries(tmp_path, "t") == 5  # the live server's entries are untouched
         assert not (tmp_path / "disk_b" / "t").exists()  # refused before anything was created for it
         proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        proc.wait(30)
         # The kernel dropped the dead server's lock: the next owner opens (and its cold start may now clear).
         s = L3Store.open(second, rank=0, namespace=NS, page_bytes={K: PB})
         s.close()
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(10)
+            proc.wait(30)
 
 
 def test_a_second_open_in_one_process_is_refused_and_the_live_store_can_be_found(tmp_path):

@@ -78,11 +78,12 @@ def test_reload_inflight_counts_pages_inside_a_reload_call_and_returns_to_zero(s
         K, [key(i) for i in range(3)], blocking, [0, 1, 2])))
     t.start()
     try:
-        assert blocking.entered.wait(10)
+        assert blocking.entered.wait(60)
         assert store.stats()["reload_inflight"] == 3
     finally:
         blocking.release.set()
-        t.join(10)
+        t.join(60)
+    assert not t.is_alive(), "hang guard: the reload did not return in 60 s after its release"
     assert got["ok"] == [True] * 3
     assert store.stats()["reload_inflight"] == 0
     # A call that fails part-way (a non-iterable key list) still leaves the gauge at zero.

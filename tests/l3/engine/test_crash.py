@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +59,7 @@ CHILD = COMMON + textwrap.dedent("""
     while i < start + 400:
         ks = list(range(i, i + 8))
         s.spill(K, [key(j) for j in ks], [page(j) for j in ks])
+        print("S", i, flush=True)  # a batch acknowledged (write-behind): its writes are in flight now
         i += 8
         if (i // 8) % 3 == 0:
             # Only what exists() reports counts as present; spills after this keep flowing (mid-spill kill).
@@ -81,29 +82,42 @@ def _config(tmp_path):
     return str(p)
 
 
-def _run_and_kill(cfg_path, start, mode, kill_after_present, extra_delay):
+def _run_and_kill(cfg_path, start, mode, kill_after_present, then_batches):
+    """SIGKILL the child once it has reported ``kill_after_present`` pages present and then acknowledged
+    ``then_batches`` more spill batches: the kill lands at a different point of the write pipeline each run (right
+    after a flush's report, or with one or two batches of writes in flight), anchored on what the child says it
+    did, not on a sleep. Returns the pages it reported present."""
     script = Path(cfg_path).parent / "child.py"
     script.write_text(CHILD)
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, str(script), cfg_path, str(start), mode], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=env, text=True)
-    present = []
+    hung = threading.Event()
+    guard = threading.Timer(120, lambda: (hung.set(), proc.kill()))  # a hang guard: the child reports in seconds
+    guard.start()
+    present, batches = [], None
     try:
         for line in proc.stdout:
             if line.startswith("P "):
                 present.append(int(line.split()[1]))
-                if len(present) >= kill_after_present:
-                    break
+                if len(present) >= kill_after_present and batches is None:
+                    batches = 0
+            elif line.startswith("S ") and batches is not None:
+                batches += 1
             elif line.startswith("DONE"):
                 break
-        time.sleep(extra_delay)  # land the kill at a different point of the write pipeline each run
+            if batches is not None and batches >= then_batches:
+                break
         proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        proc.wait(30)
     finally:
+        guard.cancel()
         if proc.poll() is None:
             proc.kill()
+    assert not hung.is_set(), f"the child stopped reporting for 120 s: {proc.stderr.read()[-3000:]}"
     assert proc.returncode == -signal.SIGKILL, proc.stderr.read()
-    assert len(present) >= kill_after_present, proc.stderr.read()
+    assert len(present) >= kill_after_present and batches == then_batches, (len(present), batches,
+                                                                           proc.stderr.read()[-3000:])
     return present
 
 
@@ -119,9 +133,9 @@ def test_sigkill_mid_spill_then_load(tmp_path):
     cfg_path = _config(tmp_path)
     cfg = L3Config.from_file(cfg_path)
     all_present = []
-    for run, (start, delay) in enumerate([(0, 0.0), (1000, 0.003), (2000, 0.02)]):
+    for run, (start, then) in enumerate([(0, 0), (1000, 1), (2000, 2)]):
         mode = "clear" if run == 0 else "load"
-        all_present += _run_and_kill(cfg_path, start, mode, kill_after_present=40, extra_delay=delay)
+        all_present += _run_and_kill(cfg_path, start, mode, kill_after_present=40, then_batches=then)
         s = L3Store.open(cfg, rank=0, namespace=NS, page_bytes={K: PB}, cold_start="load")
         try:
             # 1. Every page reported present before any kill reads back exactly.
@@ -167,9 +181,9 @@ def test_sigkill_loop_each_restart_takes_the_owner_lock_and_leaves_no_dead_reade
     dead = []
     present = []
     try:
-        for run, delay in enumerate([0.0, 0.004, 0.011, 0.0, 0.007]):
+        for run, then in enumerate([0, 1, 2, 0, 1]):
             present += _run_and_kill(cfg_path, 5000 + 1000 * run, "clear" if run == 0 else "load",
-                                     kill_after_present=16, extra_delay=delay)
+                                     kill_after_present=16, then_batches=then)
             pids = {int(r.split()[0]) for r in other_rank.env.readers().splitlines()[1:] if r.strip()}
             dead.append(pids - {os.getpid()})
         s = L3Store.open(cfg, rank=0, namespace=NS, page_bytes={K: PB}, cold_start="load")

@@ -375,13 +375,13 @@ def test_an_intact_index_is_scanned_without_a_full_walk(tmp_path):
 # environment open LMDB does not reset its reader table, and a stale reader pins an old snapshot (no page it
 # could see is ever reused: the file grows towards map full) and holds one of max_readers slots.
 _READER_CHILD = textwrap.dedent("""
-    import sys, time
+    import sys
     from sglang_glm_ext.l3.engine.index import L3Index
     ix = L3Index.open(sys.argv[1], 2**24)
     txn = ix.env.begin()
     txn.get(b"k" * 57)
     print("READING", flush=True)
-    time.sleep(120)
+    sys.stdin.read()  # inside its read transaction until killed (or until the test is gone: its stdin closes)
 """)
 
 
@@ -392,6 +392,7 @@ def _reader_pids(ix):
 
 def test_the_reader_slot_of_a_killed_rank_is_cleared_when_a_store_opens(tmp_path):
     import signal
+    import threading
 
     from sglang_glm_ext.l3.config import L3Config
     from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind
@@ -401,13 +402,17 @@ def test_the_reader_slot_of_a_killed_rank_is_cleared_when_a_store_opens(tmp_path
     script = tmp_path / "reader.py"
     script.write_text(_READER_CHILD)
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "index")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "index")], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    guard = threading.Timer(120, proc.kill)  # a hang guard: a child silent this long is killed, ending the read
+    guard.start()
     try:
-        assert proc.stdout.readline().strip() == "READING", proc.stderr.read()
+        line = proc.stdout.readline()
+        guard.cancel()
+        assert line.strip() == "READING", proc.stderr.read()
         assert proc.pid in _reader_pids(live)
         proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        proc.wait(30)
         assert proc.pid in _reader_pids(live)  # LMDB keeps the dead reader while others have the env open
         cfg = L3Config.from_dict({"deployment_id": "t", "disks": [{"path": str(tmp_path / "disk"), "budget": "1MiB"}],
                                   "index": {"path": str(tmp_path / "index"), "map_size": 2**24}})
@@ -419,9 +424,10 @@ def test_the_reader_slot_of_a_killed_rank_is_cleared_when_a_store_opens(tmp_path
         finally:
             s.close()
     finally:
+        guard.cancel()
         if proc.poll() is None:
             proc.kill()
-            proc.wait(10)
+            proc.wait(30)
         live.close()
 
 

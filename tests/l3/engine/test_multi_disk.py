@@ -95,7 +95,8 @@ def per_disk_counts(located: dict, disks) -> dict:
 class DirFaults:
     """Faults on the I/O of one directory (a stand-in drive): ``delay`` seconds per call, a ``gate`` that holds every
     call until set, or ``errno`` raised; per operation: ``write`` (slab pwrite), ``read`` (preadv), ``sync``
-    (fdatasync). A descriptor's directory is what /proc/self/fd says it is."""
+    (fdatasync); an ``entered`` Event is set by every call the rule catches. A descriptor's directory is what
+    /proc/self/fd says it is."""
 
     def __init__(self, monkeypatch):
         self.rules: dict[tuple[str, str], dict] = {}
@@ -134,6 +135,8 @@ class DirFaults:
         for (prefix, rop), rule in list(self.rules.items()):
             if rop != op or not path.startswith(prefix):
                 continue
+            if rule.get("entered") is not None:
+                rule["entered"].set()
             if rule.get("gate") is not None:
                 rule["gate"].wait(60)
             if rule.get("delay"):
@@ -266,22 +269,32 @@ def test_pages_spread_over_the_rank_s_disks_and_every_page_reads_back(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- a slow drive
 def test_a_stalled_drive_holds_only_its_own_pages_the_others_keep_writing_and_its_pages_become_durable(
-        tmp_path, faults):
+        tmp_path, faults, monkeypatch):
     c = cfg(tmp_path)
     s = opened(c)
     gate = threading.Event()
     faults.set(tmp_path / "drive1", ops=("write",), gate=gate)  # every write to drive 1 waits for the gate
+    placed = {0: 0, 1: 0, 2: 0}  # the disk the writer gave each page (its thread only)
+    real_place = writer_mod.Writer._place
+
+    def place(self, grp, content_hash, room):
+        st, slot = real_place(self, grp, content_hash, room)
+        if slot is not None:
+            placed[st.disk] += 1
+        return st, slot
+
+    monkeypatch.setattr(writer_mod.Writer, "_place", place)
     n = 600
     try:
         spill(s, range(n), flush=False)
-        # While drive 1 holds every write: everything else becomes durable, on drives 0 and 2.
-        deadline, prev = time.monotonic() + 60, None
-        while time.monotonic() < deadline:
-            held = _held(s.stats())
-            if held >= 0 and held == prev:
-                break
-            prev = held
-            time.sleep(0.3)
+        # While drive 1 holds every write: everything else becomes durable, on drives 0 and 2. Settled is a state,
+        # not a quiet spell: every page placed, all of 0's and 2's committed, and the writer's books say the same.
+        deadline = time.monotonic() + 60
+        while not (sum(placed.values()) == n and len(where(s, range(n))) == n - placed[1]
+                   and _held(s.stats()) == placed[1]):
+            assert time.monotonic() < deadline, f"drives 0 and 2 never settled: {placed} {s.stats()}"
+            time.sleep(0.05)
+        held = placed[1]
         st = s.stats()
         assert _held(st) == held >= 0
         located = where(s, range(n))
@@ -313,21 +326,26 @@ def _held(st) -> int:
 def test_a_slow_drive_slows_only_the_reloads_of_its_own_pages(tmp_path, faults):
     c = cfg(tmp_path)
     s = opened(c)
+    gate, entered = threading.Event(), threading.Event()
     try:
         spill(s, range(240))
         located = where(s, range(240))
         fast = [i for i, d in located.items() if d != 1][:48]
         slow = [i for i, d in located.items() if d == 1][:4]
-        faults.set(tmp_path / "drive1", ops=("read",), delay=0.5)
-        t = time.monotonic()
-        assert all(reload(s, fast))
-        fast_s = time.monotonic() - t
-        t = time.monotonic()
-        assert all(reload(s, slow))  # slow, never wrong: every page still verified and served
-        slow_s = time.monotonic() - t
-        assert slow_s >= 0.5 * len(slow) / 2 - 0.05  # 2 reader threads, 0.5 s a read
-        assert fast_s < 0.5, fast_s  # 48 pages of the other drives: none waited for drive 1
+        # Drive 1's reads hang until the gate opens: a reload that needed drive 1 could not return before it.
+        faults.set(tmp_path / "drive1", ops=("read",), gate=gate, entered=entered)
+        assert all(reload(s, fast))  # 48 pages of the other drives, served while drive 1 is stuck
+        assert not entered.is_set()  # none of them waited for drive 1
+        got = []
+        t = threading.Thread(target=lambda: got.append(reload(s, slow)), daemon=True)
+        t.start()
+        assert entered.wait(30), "the reload of drive 1's pages never read drive 1"
+        assert not got  # it waits for the stuck drive
+        gate.set()
+        t.join(60)
+        assert got and all(got[0])  # slow, never wrong: every page still verified and served
     finally:
+        gate.set()
         s.close()
 
 

@@ -4,6 +4,7 @@ pages the other ranks wrote, while they keep running (no slab lock is taken by r
 import os
 import subprocess
 import sys
+import threading
 import textwrap
 
 import pytest
@@ -65,6 +66,8 @@ def test_ranks_share_index_and_read_each_others_pages(tmp_path):
     procs = [subprocess.Popen([sys.executable, str(script), str(cfg_path), str(r), str(N_RANKS), str(PAGES)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=env) for r in range(N_RANKS)]
+    guard = threading.Timer(300, lambda: [p.kill() for p in procs])  # hang guard for the blocking reads below
+    guard.start()
     try:
         for p in procs:
             line = p.stdout.readline()
@@ -83,6 +86,7 @@ def test_ranks_share_index_and_read_each_others_pages(tmp_path):
         for p in procs:
             assert p.wait(30) == 0, p.stderr.read()
     finally:
+        guard.cancel()
         for p in procs:
             if p.poll() is None:
                 p.kill()

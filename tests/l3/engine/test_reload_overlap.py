@@ -175,11 +175,18 @@ def test_the_call_returns_only_after_every_checksum_and_a_hit_only_after_its_own
         poke(s, 4, "payload_tail")
         real = reload_mod.checksum_views
         active, done, lock = [0], [], threading.Lock()
+        caller, returned, held = threading.current_thread(), threading.Event(), []
 
         def slow(pieces, **kw):
             with lock:
                 active[0] += 1
-            time.sleep(0.01)
+                hold = not held and threading.current_thread() is not caller
+                held.extend([None] * hold)
+            if hold:
+                # The first checksum off the caller's thread outlasts everything else the call does: a call that
+                # returned without it would set `returned` meanwhile; one that waits for it cannot, so this wait
+                # ends by its timeout whatever the machine's speed (the timeout only bounds the test).
+                held[0] = returned.wait(2)
             h = real(pieces, **kw)
             with lock:
                 active[0] -= 1
@@ -189,7 +196,10 @@ def test_the_call_returns_only_after_every_checksum_and_a_hit_only_after_its_own
         monkeypatch.setattr(reload_mod, "checksum_views", slow)
         host = Host("page_first")
         got = host.reload(s, range(16), list(range(16)))
+        returned.set()
         assert active[0] == 0 and len(done) == 16  # every checksum ran to its end before the call returned
+        # the held one too (readers that hash their own always hold one; a hand-off may hash all on the caller)
+        assert held == [False] or (held == [] and threads < reload_mod.HAND_OFF_BELOW), held
         assert got == [i != 4 for i in range(16)]
         host.check(got, range(16), list(range(16)))
     finally:
@@ -225,7 +235,7 @@ def test_reads_never_wait_on_a_checksum(tmp_path, monkeypatch):
 
         def held(pieces, **kw):
             if first.acquire(blocking=False):  # the batch's first checksum, whoever runs it
-                all_read.wait(5)
+                all_read.wait(60)  # a hang guard: a reader that waited on this checksum never lands them all
                 seen.append(reads[0])
             return real_sum(pieces, **kw)
 

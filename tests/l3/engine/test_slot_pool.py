@@ -1,9 +1,10 @@
 import random
-import time
+import sys
 import tracemalloc
 
 import pytest
 
+from sglang_glm_ext.l3.engine import slot_pool as slot_pool_mod
 from sglang_glm_ext.l3.engine.slot_pool import SlotPool, SlotPoolError
 
 
@@ -92,16 +93,35 @@ def test_random_alloc_free_keeps_invariant():
         assert pool.used == len(held)
 
 
-def test_millions_of_slots_stay_small_and_fast():
+def _slot_pool_lines(fn) -> int:
+    """Lines of slot_pool.py that Python ran for ``fn()`` (numpy's C loops run none): a per-slot loop shows as one
+    or more a slot."""
+    n, here, old = [0], slot_pool_mod.__file__, sys.gettrace()
+
+    def local(frame, event, arg):
+        n[0] += event == "line"
+        return local
+
+    sys.settrace(lambda frame, event, arg: local if frame.f_code.co_filename == here else None)
+    try:
+        fn()
+    finally:
+        sys.settrace(old)
+    return n[0]
+
+
+def test_millions_of_slots_stay_small_and_vectorised():
     tracemalloc.start()
-    t0 = time.perf_counter()
     pool = SlotPool(4_000_000)
     pool.rebuild_from_allocated(range(0, 4_000_000, 2))
-    elapsed = time.perf_counter() - t0
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert pool.used == 2_000_000
     assert pool.alloc() % 2 == 1
     # 1 B/slot map + 8 B/free slot stack, plus transient numpy arrays during rebuild; Python int sets would be >200 MB
     assert peak < 150 * 2**20, peak
-    assert elapsed < 5.0
+    # Fast at millions of slots means no Python work a slot: building and rebuilding 4M slots runs the same Python
+    # lines as 4K (an operation count, not a stopwatch: the speed target is a benchmark's, not a test's).
+    small, big = (_slot_pool_lines(lambda: SlotPool(n).rebuild_from_allocated(range(0, n, 2)))
+                  for n in (4_000, 4_000_000))
+    assert big == small < 200, (small, big)

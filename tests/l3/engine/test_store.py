@@ -550,7 +550,7 @@ def test_the_read_only_slab_falls_back_from_o_direct_without_closing_a_descripto
         me = threading.current_thread().name
         if me == "B" and fd == direct_fd:
             b_inside.set()
-            a_done.wait(10)
+            met["B waited for A's fallback"] = a_done.wait(60)
             return real_preadv(fd, bufs, offset)  # the number B took before A's fallback
         if me == "A" and fd == direct_fd:
             raise OSError(_errno.EINVAL, "injected: O_DIRECT transfer refused")
@@ -563,12 +563,12 @@ def test_the_read_only_slab_falls_back_from_o_direct_without_closing_a_descripto
 
     monkeypatch.setattr(os, "preadv", preadv)
     monkeypatch.setattr(os, "open", open_)
-    got = {}
+    got, met = {}, {}
 
     def reader(name, slot):
         buf = AlignedBuffer(4096)
         if name == "A":
-            b_inside.wait(10)
+            met["A started with B's read in flight"] = b_inside.wait(60)
         rd.read_slot_into(slot, buf, 4096)
         got[name] = bytes(buf.view)
         if name == "A":
@@ -578,10 +578,13 @@ def test_the_read_only_slab_falls_back_from_o_direct_without_closing_a_descripto
     tb = threading.Thread(target=reader, args=("B", 1), name="B")
     tb.start()
     ta.start()
-    ta.join(20)
-    tb.join(20)
+    ta.join(60)
+    tb.join(60)
     monkeypatch.undo()
     try:
+        assert not ta.is_alive() and not tb.is_alive(), "hang guard: a reader did not finish in 60 s"
+        # the race happened as staged (not each read alone, which a loaded machine could make of two 10 s waits)
+        assert met == {"A started with B's read in flight": True, "B waited for A's fallback": True}, met
         assert got["A"] == want[:4096].tobytes() and not rd.direct  # A fell back to buffered reads
         assert got["B"] == want[4096:].tobytes()  # B's read in flight still read the slab, not the decoy
     finally:

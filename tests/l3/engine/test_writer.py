@@ -208,6 +208,27 @@ def test_reload_hits_while_the_writer_is_stalled_do_not_queue_one_message_each(t
         store.close()
 
 
+class _SeenWaiting:
+    """The writer's condition, telling when ``thread`` first waits on it (flush() took its counts, then waits)."""
+
+    def __init__(self, cond):
+        self.cond, self.thread, self.waiting = cond, None, threading.Event()
+
+    def __enter__(self):
+        return self.cond.__enter__()
+
+    def __exit__(self, *exc):
+        return self.cond.__exit__(*exc)
+
+    def wait(self, timeout=None):
+        if threading.current_thread() is self.thread:
+            self.waiting.set()
+        return self.cond.wait(timeout)
+
+    def __getattr__(self, name):
+        return getattr(self.cond, name)
+
+
 def test_flush_returns_only_after_the_reload_outcomes_recorded_before_it_are_applied(store):
     """Issue 20, item 5: flush() promises that everything issued before it has taken effect, reloads included: a
     page that failed verification in a reload that returned before the call is reclaimed (exists no longer counts
@@ -230,20 +251,22 @@ def test_flush_returns_only_after_the_reload_outcomes_recorded_before_it_are_app
         return real_free(kind, ikeys)
 
     w.reclaim.free = held_free
+    w.cond = seen = _SeenWaiting(w.cond)
     try:
         s.free(K, [key(101)])  # the writer's pass takes it (its reload outcomes already swapped) and waits
         assert entered[key(101)].wait(10)
         assert s.reload_into(K, [key(5)], [np.zeros(PB, np.uint8)]) == [False]  # recorded during that pass
         assert s.reload_into(K, [key(6)], [np.zeros(PB, np.uint8)]) == [True]  # a hit: a touch to persist
         got = []
-        t = threading.Thread(target=lambda: got.append(s.flush(30)))
+        t = seen.thread = threading.Thread(target=lambda: got.append(s.flush(30)))
         t.start()
-        s.free(K, [key(102)])  # posted after flush() took its count: flush waits for the first free only
+        assert seen.waiting.wait(30)  # flush() took its count (it waits for the first free)...
+        s.free(K, [key(102)])  # ...so this one, posted after, is not part of it
         hold[key(101)].set()
         assert entered[key(102)].wait(10)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a hang guard: flush posts its barrier as soon as the first free is done
         while not any(isinstance(op, Barrier) for op in list(w._ctl)):  # flush's barrier queued behind it
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, "flush() never queued its barrier"
             time.sleep(0.002)
         hold[key(102)].set()  # the same pass now takes the barrier
         t.join(30)
@@ -251,5 +274,6 @@ def test_flush_returns_only_after_the_reload_outcomes_recorded_before_it_are_app
         assert s.exists(K, [key(5)]) == 0 and s.stats()["verify_failures"] == 1  # reclaimed before flush returned
         assert s.stats()["pending_touches"] == 0 and not w._touch_pending  # the hit reached the index too
     finally:
+        w.cond = seen.cond
         for ev in hold.values():
             ev.set()

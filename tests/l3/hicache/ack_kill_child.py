@@ -3,6 +3,10 @@ L3 backend writes pages back through SGLang's own backup thread on a slow disk, 
 (its backup acks drained: the host copies are released), records what SGLang was answered and the store's
 acknowledged-not-durable gauges, then SIGKILLs itself at once -- the moment the ack's meaning is tested.
 
+The disk is as slow as it can be without hanging a durable ack: it holds every write until a spill waits for its
+pages to be durable (``ack = "durable"``), then takes each in WRITE_DELAY_S. Under write-behind nothing waits, so no
+write completes before the kill, however long SGLang's acknowledgement takes on a loaded machine.
+
     python ack_kill_child.py CONFIG OUT_JSON PAGES WRITE_DELAY_S
 """
 
@@ -10,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 
@@ -27,7 +32,19 @@ def main() -> None:
     st = stack.DsaStack.build(spec, sa)
     be = st.backend
 
-    def slow(fd, data, offset):  # a slow disk: durability lags SGLang's acknowledgement by this much per write
+    from sglang_glm_ext.l3.engine.staging import StagedPages
+
+    waited_on = threading.Event()  # a spill waits for its pages to be durable: the disk must let them through
+    real_wait_finished = StagedPages.wait_finished
+
+    def wait_finished(self, pages, deadline):
+        waited_on.set()
+        return real_wait_finished(self, pages, deadline)
+
+    StagedPages.wait_finished = wait_finished
+
+    def slow(fd, data, offset):  # durability lags SGLang's acknowledgement: held until waited on, then slow
+        waited_on.wait(600)  # a hang guard only: under write-behind the SIGKILL comes first
         time.sleep(delay)
         return os.pwrite(fd, data, offset)
 

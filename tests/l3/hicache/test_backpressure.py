@@ -12,12 +12,13 @@ the comparison here shows.
 import hashlib
 import logging
 import os
+import threading
 
 import pytest
 
 from l3kit import write_config
 
-pytestmark = pytest.mark.usefixtures("standins")
+pytestmark = pytest.mark.usefixtures("standins", "sglang_state")  # its stacks publish server args
 
 PS = 64
 OPS, PAGES = 6, 16  # 96 pages in a burst, staging holds 8
@@ -44,28 +45,49 @@ def _config(tmp_path, name, wait_ms=None):
     return cfg
 
 
-def _burst(st, caplog):
-    """OPS write-back operations handed to SGLang's backup thread at once (host pages reused, new keys each)."""
+def _burst(st, caplog, monkeypatch, drop):
+    """OPS write-back operations handed to SGLang's backup thread at once (host pages reused, new keys each), while
+    the disk holds every write: the burst overflows staging whatever the machine's speed. ``drop`` (wait_ms = 0):
+    every operation is answered while the disk still holds, then it is let go. Otherwise the disk is let go once a
+    write-back waits for room, with nothing dropped so far: the backpressure, seen rather than timed."""
     import torch
 
+    from sglang_glm_ext.l3.engine.staging import StagedPages
+
     be, cc = st.backend, st.controller
+    gate, waited = threading.Event(), threading.Event()
 
-    def slow(fd, data, offset):  # a disk a little slower than the burst
-        import time
-
-        time.sleep(0.01)
+    def stalled(fd, data, offset):
+        gate.wait(120)  # a hang guard only: the test opens the gate
         return os.pwrite(fd, data, offset)
 
+    real_wait_room = StagedPages.wait_room
+
+    def wait_room(self, deadline):
+        waited.set()
+        return real_wait_room(self, deadline)
+
+    monkeypatch.setattr(StagedPages, "wait_room", wait_room)
     for kind in list(be.store.shared._kinds):
-        be.store.slab(kind).inject_write_fault(slow)
+        be.store.slab(kind).inject_write_fault(stalled)
     caplog.clear()
     caplog.set_level(logging.WARNING, logger="sglang.srt.managers.cache_controller")
     keys = []
-    for op in range(OPS):
-        hashes = [hashlib.sha256(f"burst{op}:{p}".encode()).hexdigest() for p in range(PAGES)]
-        keys += hashes
-        cc.write_storage(torch.arange(PAGES * PS, dtype=torch.int64), [], hash_value=hashes)
-    acked = [cc.ack_backup_queue.get(timeout=120) for _ in range(OPS)]
+    try:
+        for op in range(OPS):
+            hashes = [hashlib.sha256(f"burst{op}:{p}".encode()).hexdigest() for p in range(PAGES)]
+            keys += hashes
+            cc.write_storage(torch.arange(PAGES * PS, dtype=torch.int64), [], hash_value=hashes)
+        if drop:
+            acked = [cc.ack_backup_queue.get(timeout=120) for _ in range(OPS)]
+            assert not waited.is_set()  # wait_ms = 0: no write-back waited
+        else:
+            assert waited.wait(120), "no write-back waited for room: the burst never filled staging"
+            assert be.store.stats()["dropped_staging"] == 0
+    finally:
+        gate.set()
+    if not drop:
+        acked = [cc.ack_backup_queue.get(timeout=120) for _ in range(OPS)]
     assert be.store.flush(120)
     from sglang_glm_ext.l3.hicache.keys import storage_key
 
@@ -75,10 +97,11 @@ def _burst(st, caplog):
     return in_l3, sum(op.completed_tokens for op in acked) // PS, failed_lines, be.store.stats()
 
 
-def test_a_burst_bigger_than_staging_reaches_l3_whole_and_sglang_logs_nothing(tmp_path, caplog):
-    st = _stack(_config(tmp_path, "bp"))
+def test_a_burst_bigger_than_staging_reaches_l3_whole_and_sglang_logs_nothing(tmp_path, caplog, monkeypatch):
+    # wait_ms far above the default: here the bound is a hang guard, so a slow drain on a loaded machine drops nothing
+    st = _stack(_config(tmp_path, "bp", wait_ms=120_000))
     try:
-        in_l3, acked, lines, stats = _burst(st, caplog)
+        in_l3, acked, lines, stats = _burst(st, caplog, monkeypatch, drop=False)
         assert stats["staging_cap_bytes"] < OPS * PAGES * stats["staging_cap_bytes"] // 8  # the burst overflows it
         assert in_l3 == acked == OPS * PAGES, (in_l3, acked)  # the hit rate a burst leaves in L3: all of it
         assert lines == [] and stats["dropped_staging"] == 0
@@ -87,10 +110,10 @@ def test_a_burst_bigger_than_staging_reaches_l3_whole_and_sglang_logs_nothing(tm
         st.close()
 
 
-def test_wait_ms_0_keeps_the_drop_and_it_is_counted(tmp_path, caplog):
+def test_wait_ms_0_keeps_the_drop_and_it_is_counted(tmp_path, caplog, monkeypatch):
     st = _stack(_config(tmp_path, "drop", wait_ms=0))
     try:
-        in_l3, acked, lines, stats = _burst(st, caplog)
+        in_l3, acked, lines, stats = _burst(st, caplog, monkeypatch, drop=True)
         assert in_l3 < OPS * PAGES and stats["dropped_staging"] > 0  # pages simply not in L3, counted
         assert acked <= in_l3 + stats["dropped_staging"]
         assert lines  # SGLang's own line for each failed batch: what the default avoids
