@@ -124,6 +124,29 @@ def carried_values(server_args: Any = None) -> Mapping[str, Any]:
     return getattr(server_args, CARRIER_ATTR, None) or {}
 
 
+# The plugin's stand-in `sgl_kernel` packages (cpu_serve's for a CPU, gpu_bringup's for a GPU without a matching
+# sgl-kernel): each folder holds only that package and goes on sys.path only in its own mode. Neither is ever "a real
+# sgl_kernel" to the other's checks.
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+STANDIN_DIRS = tuple(os.path.join(_PKG_DIR, folder, "_shadow") for folder in ("cpu_serve", "gpu_bringup"))
+
+
+def real_sgl_kernel() -> str:
+    """'' when no ``sgl_kernel`` other than one of the plugin's stand-ins can be imported here, else where the real one
+    is (an imported module's file, or where ``import sgl_kernel`` would find it)."""
+    import importlib.machinery
+    import sys
+
+    loaded = sys.modules.get("sgl_kernel")
+    if loaded is not None and not getattr(loaded, "GLM_EXT_STANDIN", False):
+        return getattr(loaded, "__file__", None) or "an already imported sgl_kernel"
+    others = [p for p in sys.path if os.path.abspath(p or os.getcwd()) not in STANDIN_DIRS]
+    spec = importlib.machinery.PathFinder.find_spec("sgl_kernel", others)
+    if spec is None:
+        return ""
+    return spec.origin or (list(spec.submodule_search_locations or []) or ["?"])[0]
+
+
 class Tier(str, enum.Enum):
     # Guard patches make plugin flags parse and fail with a clear message; they go in on any SGLang version.
     GUARD = "guard"
@@ -135,6 +158,9 @@ class Tier(str, enum.Enum):
     # CPU serving stand-ins (cpu_serve/): applied by register() only in a process where SGLANG_GLM_EXT_CPU_SERVE=1 and
     # the mode's own checks passed (no accelerator, no real sgl_kernel); skipped with that reason everywhere else.
     CPU_SERVE = "cpu_serve"
+    # GPU bring-up stand-ins (gpu_bringup/): applied by register() only where SGLANG_GLM_EXT_GPU_BRINGUP=1 and the
+    # tier's own checks passed (a CUDA GPU, no real sgl_kernel, SGLang's settings for it); skipped elsewhere.
+    GPU_BRINGUP = "gpu_bringup"
 
 
 @dataclass(frozen=True)

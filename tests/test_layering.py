@@ -14,10 +14,14 @@ import subprocess
 import sys
 
 PKG = pathlib.Path(__file__).resolve().parents[1] / "sglang_glm_ext"
-FEATURE_FOLDERS = ("cuda_graph_mem", "host_register", "hugepages", "l3", "megamoe", "cpu_serve")
+FEATURE_FOLDERS = ("cuda_graph_mem", "host_register", "hugepages", "l3", "megamoe", "cpu_serve", "gpu_bringup")
 # The one import across feature folders: the demo's CPU stand-in installer binds the CPU serving mode's torch copies
 # (a pure module that imports nothing of the package), instead of a second copy of them.
-CROSS_FEATURE = {("sglang_glm_ext.l3.demo.cpu_standins", "sglang_glm_ext.cpu_serve.kernels")}
+# The GPU bring-up tier's hooks serve the same tiny models with the same seeded weights and perturbed loads as the
+# CPU serving mode: they call its pure modules rather than keep copies.
+CROSS_FEATURE = {("sglang_glm_ext.l3.demo.cpu_standins", "sglang_glm_ext.cpu_serve.kernels"),
+                 ("sglang_glm_ext.gpu_bringup.hooks", "sglang_glm_ext.cpu_serve.kernels"),
+                 ("sglang_glm_ext.gpu_bringup.hooks", "sglang_glm_ext.cpu_serve.tiny_model")}
 
 # What each part of the package may import from the package (imports inside functions count too).
 ALLOWED = {

@@ -14,10 +14,10 @@ with the mode off (every GPU node) nothing can import the stand-in.
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
 import sys
 
+from .. import declare
 from .feature import CPU_SERVE, USE_CPU_ENGINE
 
 SHADOW_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_shadow")
@@ -53,17 +53,7 @@ def visible_accelerator() -> str:
     return ""
 
 
-def real_sgl_kernel() -> str:
-    """'' when no ``sgl_kernel`` other than the stand-in can be imported, else where the real one is."""
-    loaded = sys.modules.get(STANDIN_MODULE)
-    if loaded is not None and not getattr(loaded, "GLM_EXT_CPU_STANDIN", False):
-        return getattr(loaded, "__file__", None) or "an already imported sgl_kernel"
-    others = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != SHADOW_DIR]
-    spec = importlib.machinery.PathFinder.find_spec(STANDIN_MODULE, others)
-    if spec is None:
-        return ""
-    return spec.origin or (list(spec.submodule_search_locations or []) or ["?"])[0]
-
+real_sgl_kernel = declare.real_sgl_kernel  # '' when none but the plugin's stand-ins can be imported, else where
 
 def refusal_reason() -> str:
     """'' when the CPU serving mode may run in this process, else one line saying why not."""

@@ -180,11 +180,6 @@ def hook_set_k_and_s(original, cls, *args, buf, **kwargs):
 
 
 # ---------------------------------------------------------------------------------------------- negative control
-def _perturb_rows(buf, idx) -> None:
-    rows = buf.view(buf.shape[0], -1)
-    rows[idx] = (rows[idx].float() * -4.0 + 1.0).to(rows.dtype)
-
-
 def hook_perturb_loads(original, self, device_pool, host_indices, device_indices, layer_id, io_backend, *args,
                        **kwargs):
     """AROUND a host pool's load_to_device_per_layer: with SGLANG_GLM_EXT_CPU_SERVE_PERTURB_LOADS=1 (test-only),
@@ -194,13 +189,7 @@ def hook_perturb_loads(original, self, device_pool, host_indices, device_indices
 
     if not (_on() and PERTURB_LOADS.get_bool()) or device_indices is None or device_indices.numel() == 0:
         return result
-    idx = device_indices.long()
-    if hasattr(self, "device_kv_buffers") and hasattr(self, "_buffer_index_by_layer"):  # MLA
-        if layer_id in self._buffer_index_by_layer:
-            _perturb_rows(self.device_kv_buffers[self._buffer_index_by_layer[layer_id]], idx)
-    elif hasattr(self, "device_k_buffers"):  # MHA
-        _perturb_rows(self.device_k_buffers[layer_id], idx)
-        _perturb_rows(self.device_v_buffers[layer_id], idx)
+    kernels.perturb_loaded_rows(self, layer_id, device_indices)
     return result
 
 

@@ -26,7 +26,7 @@ __all__ = [
     "transfer_kv_per_layer_mla", "transfer_kv_all_layer_mla", "transfer_kv_per_layer_mla_pf_lf",
     "transfer_kv_all_layer_mla_lf_pf", "transfer_kv_per_layer", "transfer_kv_all_layer",
     "transfer_kv_per_layer_pf_lf", "transfer_kv_all_layer_lf_pf", "hadamard_transform", "act_quant", "set_k_and_s",
-    "scaled_dummy_init",
+    "scaled_dummy_init", "perturb_loaded_rows",
 ]
 
 # The kvcacheio names 0.5.23's host pools call for the layouts and io backends L3 serves (page_head and
@@ -258,6 +258,25 @@ def set_k_and_s(buf, loc, index_k, index_k_scale, page_size: int):
     keys[page, off] = index_k.contiguous().view(torch.uint8).reshape(-1, head)
     scales = buf[:, page_size * head:].view(num_pages, page_size, 4)
     scales[page, off] = index_k_scale.reshape(-1, 1).contiguous().to(torch.float32).view(torch.uint8).reshape(-1, 4)
+
+
+# ---------------------------------------------------------------------------------------------- negative control
+def _perturb_rows(buf, idx) -> None:
+    rows = buf.view(buf.shape[0], -1)
+    rows[idx] = (rows[idx].float() * -4.0 + 1.0).to(rows.dtype)
+
+
+def perturb_loaded_rows(host_pool, layer_id: int, device_indices) -> None:
+    """Negate and scale the device rows a HiCache host pool's ``load_to_device_per_layer`` just wrote for
+    ``layer_id`` (MLA: its one KV buffer; MHA: K and V), so a comparison of outputs must see wrong reloaded KV (the
+    served runs' negative control; test-only). Runs on the caller's stream, after the load it follows."""
+    idx = device_indices.long()
+    if hasattr(host_pool, "device_kv_buffers") and hasattr(host_pool, "_buffer_index_by_layer"):  # MLA
+        if layer_id in host_pool._buffer_index_by_layer:
+            _perturb_rows(host_pool.device_kv_buffers[host_pool._buffer_index_by_layer[layer_id]], idx)
+    elif hasattr(host_pool, "device_k_buffers"):  # MHA
+        _perturb_rows(host_pool.device_k_buffers[layer_id], idx)
+        _perturb_rows(host_pool.device_v_buffers[layer_id], idx)
 
 
 # ---------------------------------------------------------------------------------------------- dummy weights

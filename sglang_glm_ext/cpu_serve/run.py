@@ -29,10 +29,25 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from . import served, tiny_model
 
+@dataclass(frozen=True)
+class Profile:
+    """Where the served run runs: SGLang's arguments and environment for every server, the HiCache arguments of the
+    L3 servers, the negative control's switch. ``CPU`` here; the GPU bring-up tier builds its own
+    (``gpu_bringup/served.py``)."""
+
+    name: str
+    base_args: tuple = served.CPU_BASE_ARGS
+    base_env: tuple = tuple(served.CPU_SERVE_ENV.items())
+    hicache_args: tuple = served.HICACHE_ARGS
+    perturb_env: str = "SGLANG_GLM_EXT_CPU_SERVE_PERTURB_LOADS"
+    deployment_id: str = "cpu-serve-main-job"
+
+
+CPU = Profile("cpu")
 SPILL = "sglang:cp_l3_spill_pages_total"
 RELOAD = "sglang:cp_l3_reload_pages_total"
 _WORDS = ("cache", "token", "prefix", "layer", "page", "disk", "host", "device", "attention", "expert", "router",
@@ -73,7 +88,8 @@ class Phase:
     replies: list = field(default_factory=list)
     spilled: float = 0.0
     reloaded: float = 0.0
-    note: str = ""
+    note: Any = ""
+    log_path: str = ""
 
     def row(self) -> dict:
         r = self.replies
@@ -81,14 +97,15 @@ class Phase:
                 "cached_device": sum(x.cached["device"] for x in r), "cached_host": sum(x.cached["host"] for x in r),
                 "cached_storage": sum(x.cached["storage"] for x in r), "l3_spilled_pages": int(self.spilled),
                 "l3_reloaded_pages": int(self.reloaded),
-                "ttft_median_ms": round(1000 * served.median(x.ttft_s for x in r), 1) if r else None}
+                "ttft_median_ms": round(1000 * served.median(x.ttft_s for x in r), 1) if r else None,
+                "ttft_p90_ms": round(1000 * served.percentile((x.ttft_s for x in r), 0.9), 1) if r else None}
 
 
 def table(phases: Sequence[Phase]) -> str:
     cols = ("phase", "requests", "prompt_tokens", "cached_device", "cached_host", "cached_storage",
-            "l3_spilled_pages", "l3_reloaded_pages", "ttft_median_ms")
+            "l3_spilled_pages", "l3_reloaded_pages", "ttft_median_ms", "ttft_p90_ms")
     head = ("phase", "requests", "prompt tok", "cached device", "cached host", "cached storage", "L3 spilled",
-            "L3 reloaded", "TTFT median ms")
+            "L3 reloaded", "TTFT median ms", "TTFT p90 ms")
     rows = [[str(p.row()[c]) for c in cols] for p in phases]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
@@ -106,10 +123,10 @@ def _flush(url: str) -> None:
     urllib.request.urlopen(urllib.request.Request(url + "/flush_cache", b"", method="POST"), timeout=60).read()
 
 
-def _l3_config(work: str) -> str:
+def _l3_config(work: str, deployment_id: str = CPU.deployment_id) -> str:
     path = os.path.join(work, "l3.toml")
     with open(path, "w") as f:
-        f.write(f'''deployment_id = "cpu-serve-main-job"
+        f.write(f'''deployment_id = "{deployment_id}"
 cold_start = "load"
 direct_io = "auto"
 
@@ -130,16 +147,18 @@ staging_bytes = "32MiB"
 class Runner:
     """Owns the one server alive at a time; ``close`` (also on SIGINT / SIGTERM) stops its process group."""
 
-    def __init__(self, work: str, model: str, log, timeout: float):
-        self.work, self.model, self.log, self.timeout = work, model, log, timeout
+    def __init__(self, work: str, model: str, log, timeout: float, profile: Profile = CPU):
+        self.work, self.model, self.log, self.timeout, self.profile = work, model, log, timeout, profile
         self.server: served.Server | None = None
         self.n = 0
 
     def start(self, name: str, args: Sequence[str], env: dict | None = None) -> served.Server:
+        """One server with the profile's arguments, then ``args`` (where an option repeats, the last wins)."""
         self.n += 1
-        log_path = os.path.join(self.work, f"server{self.n}_{name}.log")
+        log_path = os.path.join(self.work, f"server{self.n}_{name.replace(' ', '_')}.log")
         self.log(f"[{name}] starting SGLang's server (log {log_path})")
-        self.server = served.Server(self.model, log_path, args=args, env=env or {})
+        self.server = served.Server(self.model, log_path, args=args, env=env or {}, base_args=self.profile.base_args,
+                                    base_env=dict(self.profile.base_env))
         took = self.server.start_ready(self.timeout, progress=self.log)
         self.log(f"[{name}] ready in {took:.0f} s on {self.server.url}")
         return self.server
@@ -152,15 +171,19 @@ class Runner:
     close = stop
 
 
-def run(work: str, *, conversations: int = 3, turns: int = 3, server_timeout: float = 420.0, log=print) -> int:
+def run(work: str, *, conversations: int = 3, turns: int = 3, server_timeout: float = 420.0, log=print,
+        profile: Profile = CPU, arch: str = "glm5", extra_phases=None) -> int:
+    """The served run (module docstring) under ``profile``, for the tiny ``arch``. ``extra_phases(l3_phase,
+    compare, reference) -> (failures, notes)`` runs more L3 servers before the negative control (the GPU run's
+    CUDA-graph phase); ``l3_phase(name, title, env=, args=)`` runs one and returns its Phase."""
     t_all = time.monotonic()
     os.makedirs(work, exist_ok=True)
-    model = os.path.join(work, "model")
+    model = os.path.join(work, f"model-{arch}" if arch != "glm5" else "model")
     if not os.path.isfile(os.path.join(model, "config.json")):
-        tiny_model.write("glm5", model)
-    cfg_path = _l3_config(work)
+        tiny_model.write(arch, model)
+    cfg_path = _l3_config(work, profile.deployment_id)
     reqs = workload(conversations, turns)
-    runner = Runner(work, model, log, server_timeout)
+    runner = Runner(work, model, log, server_timeout, profile)
 
     def on_signal(signum, _frame):
         runner.close()
@@ -185,19 +208,21 @@ def run(work: str, *, conversations: int = 3, turns: int = 3, server_timeout: fl
         phases += [cold, warm]
         hit_eq_cold = not compare(warm.replies, cold.replies) and any(r.cached["device"] for r in warm.replies)
         if hit_eq_cold:
-            notes.append("a device-cache prefix hit gives the same greedy ids as a cold run on this CPU "
+            notes.append(f"a device-cache prefix hit gives the same greedy ids as a cold run ({profile.name}) "
                          f"({sum(r.cached['device'] for r in warm.replies)} device-cached tokens): replays are "
                          "compared with the no-HiCache server's cold ids")
         else:
-            notes.append("a device-cache prefix hit does NOT give the same greedy ids as a cold run on this CPU "
+            notes.append("a device-cache prefix hit does NOT give the same greedy ids as a cold run "
+                         f"({profile.name}) "
                          f"(requests {compare(warm.replies, cold.replies)} differ): each replay is compared with "
                          "the first pass of the HiCache server instead")
 
-        l3_args = (*served.HICACHE_ARGS, "--enable-metrics", "--enable-cp-l3", "--cp-l3-config", cfg_path)
-        def l3_phase(name: str, title: str, env: dict | None = None) -> Phase:
-            """One server with HiCache + L3: the workload, wait for the write-back to drain, stop."""
-            srv = runner.start(name, l3_args, env=env)
-            phase = Phase(title)
+        l3_args = (*profile.hicache_args, "--enable-metrics", "--enable-cp-l3", "--cp-l3-config", cfg_path)
+
+        def l3_phase(name: str, title: str, env: dict | None = None, args: Sequence[str] = ()) -> Phase:
+            """One server with HiCache + L3 (and ``args``): the workload, wait for the write-back to drain, stop."""
+            srv = runner.start(name, (*l3_args, *args), env=env)
+            phase = Phase(title, log_path=srv.log_path)
             for m in reqs:
                 phase.replies.append(served.chat(srv.url, m))
             phase.spilled = served.wait_counter_settled(srv.url, SPILL)
@@ -221,9 +246,14 @@ def run(work: str, *, conversations: int = 3, turns: int = 3, server_timeout: fl
         if storage == 0:
             failures.append("zero storage (L3) hits after the restart")
 
+        if extra_phases is not None:
+            more_failures, more_notes = extra_phases(l3_phase, compare, reference)
+            failures += more_failures
+            notes += more_notes
+
         # ---- negative control: the reloaded KV perturbed on purpose must make the comparison fail
         control = l3_phase("negative control", "negative control (reloaded KV perturbed)",
-                           env={"SGLANG_GLM_EXT_CPU_SERVE_PERTURB_LOADS": "1"})
+                           env={profile.perturb_env: "1"})
         caught = compare(control.replies, reference)
         if not any(r.cached["storage"] for r in control.replies):
             failures.append("negative control: no storage hit, so it tested nothing")
@@ -248,9 +278,11 @@ def run(work: str, *, conversations: int = 3, turns: int = 3, server_timeout: fl
     log(f"l3 fsck: {fsck.stdout.strip()} (exit {fsck.returncode})")
     if fsck.returncode != 0:
         failures.append(f"l3 fsck exit {fsck.returncode}: {fsck.stderr.strip()[-500:]}")
-    summary = {"phases": [p.row() for p in phases], "notes": notes, "failures": failures,
+    summary = {"profile": profile.name, "arch": arch, "phases": [p.row() for p in phases], "notes": notes,
+               "failures": failures,
                "outputs": {p.name: [r.output_ids for r in p.replies] for p in phases},
                "cached": {p.name: [r.cached for r in p.replies] for p in phases},
+               "phase_notes": {p.name: p.note for p in phases if p.note},
                "seconds": round(time.monotonic() - t_all, 1)}
     with open(os.path.join(work, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)

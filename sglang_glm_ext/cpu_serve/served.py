@@ -66,6 +66,9 @@ class Server:
     log_path: str
     args: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    # What every server of a kind gets: the CPU serving mode's by default (the GPU served run passes its own).
+    base_args: Sequence[str] = CPU_BASE_ARGS
+    base_env: Mapping[str, str] = field(default_factory=lambda: dict(CPU_SERVE_ENV))
     port: int = 0
     python: str = sys.executable
     proc: subprocess.Popen | None = None
@@ -79,10 +82,10 @@ class Server:
 
     def command(self) -> list[str]:
         return [self.python, "-m", "sglang.launch_server", "--model-path", self.model, "--host", "127.0.0.1",
-                "--port", str(self.port), *CPU_BASE_ARGS, *self.args]
+                "--port", str(self.port), *self.base_args, *self.args]
 
     def start(self) -> "Server":
-        env = {**os.environ, **CPU_SERVE_ENV, **self.env}
+        env = {**os.environ, **self.base_env, **self.env}
         env.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(os.getcwd(), ".torch_extensions"))
         os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
         log = open(self.log_path, "ab")

@@ -174,13 +174,15 @@ def skip_reason(patch: Patch, installed: str | None, *, forced: bool = False) ->
 
 
 def apply_all(ledger: Ledger, *, installed: str | None, forced: bool = False, unsupported: str = "",
-              cpu_serve_off: str = "Tier.CPU_SERVE is applied only by register() with the CPU serving mode on") -> Ledger:
+              cpu_serve_off: str = "Tier.CPU_SERVE is applied only by register() with the CPU serving mode on",
+              gpu_bringup_off: str = "Tier.GPU_BRINGUP is applied only by register() with the GPU bring-up tier on",
+              ) -> Ledger:
     """Apply every patch of `ledger` that skip_reason() lets in on `installed`; record each one's state.
 
     `unsupported` is set when the plugin as a whole does not support `installed` (register() passes compat's
     description): a skipped patch then gives that reason, which tells a user more than the patch's own range.
     `cpu_serve_off`: '' when the CPU serving mode may run in this process (register() asks cpu_serve's gate),
-    else why its Tier.CPU_SERVE patches are skipped.
+    else why its Tier.CPU_SERVE patches are skipped. `gpu_bringup_off`: the same for the GPU bring-up tier.
     """
     from sglang.srt.plugins.hook_registry import HookSource
 
@@ -191,6 +193,9 @@ def apply_all(ledger: Ledger, *, installed: str | None, forced: bool = False, un
             continue
         if patch.tier is Tier.CPU_SERVE and cpu_serve_off:  # --- cpu_serve ---
             ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, f"CPU serving mode off: {cpu_serve_off}")
+            continue
+        if patch.tier is Tier.GPU_BRINGUP and gpu_bringup_off:
+            ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, f"GPU bring-up tier off: {gpu_bringup_off}")
             continue
         why = skip_reason(patch, installed, forced=forced)
         if why:

@@ -161,8 +161,40 @@ def _add_cpu_serve(sub) -> None:
     cpu_serve_run.add_subcommand(sub)
 
 
+def _add_gpu_bringup(sub) -> None:
+    """`gpu-bringup run`: the served run on a CUDA GPU with the bring-up tier (gpu_bringup/served.py), through the
+    CPU run's driver with the GPU's arguments; on a GPU node whose torch sgl-kernel matches, run it without the
+    tier (a real sgl_kernel refuses the tier)."""
+    p = sub.add_parser("gpu-bringup", help="SGLang's real server on a CUDA GPU without sgl-kernel (bring-up, tests)")
+    inner = p.add_subparsers(dest="gpu_bringup_command", required=True)
+    r = inner.add_parser("run", help="serve a tiny GLM with pinned HiCache pools + L3 on the GPU, restart, replay, "
+                         "CUDA graphs, compare, fsck")
+    r.add_argument("--dir", required=True, help="work directory (model, L3 config and disk, server logs)")
+    r.add_argument("--arch", choices=("glm5", "glm4_moe"), default="glm5", help="tiny model (default glm5)")
+    r.add_argument("--layout", choices=("layer_first", "page_first"), default="layer_first",
+                   help="HiCache host pool layout (--hicache-mem-layout)")
+    r.add_argument("--io-backend", choices=("kernel", "direct"), default="kernel", help="--hicache-io-backend")
+    r.add_argument("--dtype", default="float32", help="model dtype (float32: greedy ids compare across restarts)")
+    r.add_argument("--no-cuda-graphs", action="store_true", help="leave out the CUDA-graph phase")
+    r.add_argument("--conversations", type=int, default=3,
+                   help="multi-turn conversations in the workload (they share one system prompt)")
+    r.add_argument("--turns", type=int, default=3, help="user turns per conversation")
+    r.add_argument("--server-timeout", type=float, default=420.0, help="seconds a server may take to be ready")
+
+    def run(a) -> int:
+        from ..cpu_serve import run as serve_run
+        from ..gpu_bringup import served as gpu_served
+
+        prof = serve_run.Profile(**gpu_served.profile(a.layout, dtype=a.dtype, io_backend=a.io_backend))
+        return serve_run.run(a.dir, conversations=a.conversations, turns=a.turns, server_timeout=a.server_timeout,
+                             log=lambda s: print(s, flush=True), profile=prof, arch=a.arch,
+                             extra_phases=None if a.no_cuda_graphs else gpu_served.graph_phase)
+
+    r.set_defaults(func=run)
+
+
 SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (_add_doctor, _add_flags, _add_manifest, _add_l3, _add_demo,
-                                                  _add_cpu_serve)
+                                                  _add_cpu_serve, _add_gpu_bringup)
 
 
 def build_parser() -> ArgumentParser:

@@ -18,14 +18,16 @@ JSON schema (stable; bump SCHEMA on any breaking change, documented in README "d
              megamoe: {fp8_sm90: {possible, why}, fp4_sm100: {possible, why},
                        deep_gemm: {version, imports, error}, retired_env: [str], dg_use_fp4_acts_set: bool},
              cpu_serve: {mode, may_run, why_not, standin_reachable, accelerator, real_sgl_kernel,
-                         use_cpu_engine}}                                                  (cpu_serve: added in schema 1)
+                         use_cpu_engine},                                                 (cpu_serve: added in schema 1)
+             gpu_bringup: {mode, may_run, why_not, standin_reachable, real_sgl_kernel, missing_settings,
+                           indexer_torch_path}}                                         (gpu_bringup: added in schema 1)
   l3: {active, [backend_class, hicache_storage_backend, config, extra_config | error,
        state: {deployment_id, cold_start, ack, wait_ms, ranks, require_plp, plp, index: {path, exists,
        entries_for_deployment, entries_total}, slabs: [{rank, path, bytes, slots, page_bytes, namespace}]]}          (added in schema 1)
   (hugepages: null = the kernel did not say; `unknown` names why.)
   Added in schema 1 (nothing above renamed): problem_details: [{problem, fix, source}] (one per `problems` entry,
   same order; source: plugin | launch | the folder of the doctor part), patch_counts: {serving, applied,
-  demo_only, cpu_serve_off}, launch (given a launch line): {command, entry, env, argv, parsed}.
+  demo_only, cpu_serve_off, gpu_bringup_off}, launch (given a launch line): {command, entry, env, argv, parsed}.
 
 The GPU listing is plugin-wide (here); every other "hardware" key, and the problems that go with it, is a
 folder's part (`<folder>/doctor.py` REPORTER, listed in plugin/registry.py DOCTOR_PARTS), which names the keys it
@@ -336,12 +338,15 @@ def patch_counts(patches: list[dict[str, Any]]) -> dict[str, int]:
             return "demo_only"
         if p["tier"] == Tier.CPU_SERVE.value and p["state"] != State.APPLIED.value:
             return "cpu_serve_off"
+        if p["tier"] == Tier.GPU_BRINGUP.value and p["state"] != State.APPLIED.value:
+            return "gpu_bringup_off"
         return None
 
     apart = [off_by_design(p) for p in patches]
     serving = [p for p, why in zip(patches, apart) if why is None]
     return {"serving": len(serving), "applied": sum(p["state"] == State.APPLIED.value for p in serving),
-            "demo_only": apart.count("demo_only"), "cpu_serve_off": apart.count("cpu_serve_off")}
+            "demo_only": apart.count("demo_only"), "cpu_serve_off": apart.count("cpu_serve_off"),
+            "gpu_bringup_off": apart.count("gpu_bringup_off")}
 
 
 def patch_summary(report: dict[str, Any], *, brief: bool = False) -> str:
@@ -351,6 +356,9 @@ def patch_summary(report: dict[str, Any], *, brief: bool = False) -> str:
     if c.get("cpu_serve_off"):
         demo += (f" (+{c['cpu_serve_off']} CPU-serving stand-ins, off" + ("" if brief else
                  ": applied only under SGLANG_GLM_EXT_CPU_SERVE=1 on a machine with no accelerator") + ")")
+    if c.get("gpu_bringup_off"):
+        demo += (f" (+{c['gpu_bringup_off']} GPU bring-up, off" + ("" if brief else
+                 ": applied only under SGLANG_GLM_EXT_GPU_BRINGUP=1 on a GPU without a real sgl_kernel") + ")")
     return f"{c['applied']}/{c['serving']} serving patches applied{demo}"
 
 
@@ -365,7 +373,8 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"launch checked: {report['launch']['command']}")
     lines.append(f"patches: {patch_summary(report)}")
     for p in report["patches"]:
-        state = {Tier.DEMO.value: "demo", Tier.CPU_SERVE.value: "cpu"}.get(p["tier"], p["state"]) \
+        state = {Tier.DEMO.value: "demo", Tier.CPU_SERVE.value: "cpu", Tier.GPU_BRINGUP.value: "gpu"}.get(
+            p["tier"], p["state"]) \
             if p["state"] == State.SKIPPED.value else p["state"]
         detail = f"  ({p['detail']})" if p["detail"] else ""
         lines.append(f"  [{state:>7}] {p['id']:<28} {p['target']}{detail}")

@@ -11,6 +11,7 @@ import sys
 from typing import Sequence
 
 from ..cpu_serve import gate as cpu_serve_gate
+from ..gpu_bringup import gate as gpu_bringup_gate
 from ..patching.ledger import Ledger, State, apply_all
 from . import __version__, compat, envs
 from .flags import asked_at_launch
@@ -57,8 +58,12 @@ def register(argv: Sequence[str] | None = None) -> Ledger | None:
     # CPU serving mode: the sgl_kernel stand-in's directory goes on sys.path (inherited by spawned schedulers) only
     # when SGLANG_GLM_EXT_CPU_SERVE=1 and no accelerator / real sgl_kernel is here; '' = its patches go in.
     cpu_serve_off = cpu_serve_gate.activate() if status.patches_allowed else status.describe()
+    # GPU bring-up tier: likewise its stand-in's directory, when SGLANG_GLM_EXT_GPU_BRINGUP=1 may run here.
+    gpu_bringup_off = gpu_bringup_gate.activate() if status.patches_allowed else status.describe()
     ledger = apply_all(Ledger(PATCHES), installed=status.installed, forced=status.forced, unsupported=unsupported,
-                       cpu_serve_off=cpu_serve_off)
+                       cpu_serve_off=cpu_serve_off, gpu_bringup_off=gpu_bringup_off)
+    if not gpu_bringup_off:  # never on a production node unnoticed: one line, at SGLang's default log level
+        logger.warning("%s", gpu_bringup_gate.warning_line())
     _LEDGER = ledger
     applied = sum(s.state is State.APPLIED for s in ledger.status.values())
     failed = ledger.failed()

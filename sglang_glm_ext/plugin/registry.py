@@ -14,6 +14,7 @@ from __future__ import annotations
 from ..cpu_serve import doctor as cpu_serve_doctor, feature as cpu_serve, patches as cpu_serve_patches
 from ..cuda_graph_mem import feature as cuda_graph_mem, patches as cuda_graph_mem_patches
 from ..declare import DoctorReporter, EnvVar, Feature, Flag, Patch
+from ..gpu_bringup import doctor as gpu_bringup_doctor, feature as gpu_bringup, patches as gpu_bringup_patches
 from ..host_register import feature as host_register, patches as host_register_patches
 from ..hugepages import doctor as hugepages_doctor, feature as hugepages, patches as hugepages_patches
 from ..l3 import doctor as l3_doctor, feature as l3, patches as l3_patches
@@ -28,6 +29,7 @@ ROWS: tuple[tuple[Feature, tuple[Patch, ...]], ...] = (
     (hugepages.FEATURE, hugepages_patches.PATCHES),
     (megamoe.FEATURE, megamoe_patches.PATCHES),
     (cpu_serve.FEATURE, cpu_serve_patches.PATCHES),
+    (gpu_bringup.FEATURE, gpu_bringup_patches.PATCHES),
 )
 
 # One entry per folder that adds to doctor's report (GPU listing is plugin-wide: plugin/doctor.py), in the order
@@ -37,6 +39,7 @@ DOCTOR_PARTS: tuple[DoctorReporter, ...] = (
     hugepages_doctor.REPORTER,
     l3_doctor.REPORTER,
     cpu_serve_doctor.REPORTER,
+    gpu_bringup_doctor.REPORTER,
 )
 
 FEATURES: tuple[Feature, ...] = tuple(f for f, _ in ROWS)

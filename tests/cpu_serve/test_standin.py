@@ -2,7 +2,6 @@
 installed SGLang's source), the called ones are implemented, every other one raises naming the op, no catch-all,
 no torch.ops.sgl_kernel op; the wheel has no top-level sgl_kernel, no .pth and no sitecustomize."""
 
-import ast
 import importlib
 import importlib.util
 import os
@@ -13,6 +12,7 @@ import zipfile
 
 import pytest
 
+import sglang_source
 from sglang_glm_ext.cpu_serve import gate
 
 SHADOW = pathlib.Path(gate.SHADOW_DIR)
@@ -25,57 +25,8 @@ _PREDICATES = {"_is_cpu": True, "is_cpu": True, "_is_cuda": False, "is_cuda": Fa
                "_use_aiter": False, "_is_cuda_alike": False}
 
 
-def _eval(node):
-    """True / False where the test is decided by the device predicates alone, else None."""
-    if isinstance(node, ast.Name):
-        return _PREDICATES.get(node.id)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args:
-        return _PREDICATES.get(node.func.id)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-        v = _eval(node.operand)
-        return None if v is None else not v
-    if isinstance(node, ast.BoolOp):
-        vals = [_eval(v) for v in node.values]
-        if isinstance(node.op, ast.And):
-            return False if False in vals else (True if all(v is True for v in vals) else None)
-        return True if True in vals else (False if all(v is False for v in vals) else None)
-    return None
-
-
 def cpu_path_imports(root: pathlib.Path) -> dict[str, set[str]]:
-    """{sgl_kernel module: names} that SGLang imports at module level under device branches a CPU-engine machine
-    takes (every enclosing if/else decided, and at least one of them). Imports under try (SGLang falls back on an
-    ImportError) and unconditional ones (modules of other devices' backends) are not the CPU path."""
-    found: dict[str, set[str]] = {}
-
-    def walk(body, decided, in_try):
-        for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                continue
-            if isinstance(node, ast.If):
-                v = _eval(node.test)
-                if v is not False:
-                    walk(node.body, decided + [v], in_try)
-                if v is not True:
-                    walk(node.orelse, decided + [None if v is None else True], in_try)
-            elif isinstance(node, ast.Try):
-                walk(node.body, decided, True)
-            elif isinstance(node, ast.With):
-                walk(node.body, decided, in_try)
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sgl_kernel":
-                if decided and all(d is True for d in decided) and not in_try:
-                    found.setdefault(node.module, set()).update(a.name for a in node.names)
-
-    for f in sorted(root.rglob("*.py")):
-        rel = f.relative_to(root).as_posix()
-        if "/test/" in f"/{rel}" or rel.startswith("multimodal_gen/"):
-            continue
-        try:
-            tree = ast.parse(f.read_text())
-        except (SyntaxError, UnicodeDecodeError):
-            continue
-        walk(tree.body, [], False)
-    return found
+    return sglang_source.device_path_imports(root, "sgl_kernel", _PREDICATES)
 
 
 def _sglang_root() -> pathlib.Path:

@@ -41,9 +41,11 @@ def test_json_reports_supported_sglang_and_every_patch_applied(report):
     assert report["plugin"]["entry_point"] is True and report["plugin"]["loaded_via"] == "load_plugins()"
     assert [p["id"] for p in report["patches"]] == [p.id for p in PATCHES]
     # Demo-tier patches (CPU stand-ins) are never applied by register(); the CPU serving stand-ins only with
-    # SGLANG_GLM_EXT_CPU_SERVE=1 (tests/cpu_serve/); everything else is.
-    assert {p["state"] for p in report["patches"] if p["tier"] not in ("demo", "cpu_serve")} == {"applied"}
-    assert {p["state"] for p in report["patches"] if p["tier"] in ("demo", "cpu_serve")} == {"skipped"}
+    # SGLANG_GLM_EXT_CPU_SERVE=1 (tests/cpu_serve/), the GPU bring-up ones only with SGLANG_GLM_EXT_GPU_BRINGUP=1 on
+    # a GPU (tests/gpu_bringup/); everything else is.
+    off = ("demo", "cpu_serve", "gpu_bringup")
+    assert {p["state"] for p in report["patches"] if p["tier"] not in off} == {"applied"}
+    assert {p["state"] for p in report["patches"] if p["tier"] in off} == {"skipped"}
 
 
 SCHEMA_1 = {"schema", "ok", "problems", "plugin", "sglang", "versions", "patches", "features", "hardware", "l3"}
@@ -54,7 +56,7 @@ def test_json_schema_keys_are_stable(report):
     assert set(report) == SCHEMA_1 | {"problem_details", "patch_counts"}
     assert report["l3"] == {"active": False}
     assert set(report["hardware"]) == {"cuda_available", "gpus", "fp4_megamoe", "hugepages", "l3_paths", "megamoe",
-                                       "cpu_serve", "l3_checksum"}
+                                       "cpu_serve", "l3_checksum", "gpu_bringup"}
     for f in report["features"]:
         assert set(f) == {"name", "title", "active", "available", "why_unavailable"}
     assert report["hardware"]["fp4_megamoe"]["possible"] is False  # no GPU here: the reason says so
@@ -129,19 +131,20 @@ def test_demo_only_patches_are_counted_apart_not_as_missing(report):
     demo = sum(p.tier is Tier.DEMO for p in PATCHES)
     # the CPU serving stand-ins are skipped here (SGLANG_GLM_EXT_CPU_SERVE is not set): off by design, not missing
     cpu = sum(p.tier is Tier.CPU_SERVE for p in PATCHES)
-    serving = len(PATCHES) - demo - cpu
-    assert demo and cpu and report["patch_counts"] == {"serving": serving, "applied": serving, "demo_only": demo,
-                                                       "cpu_serve_off": cpu}
+    gpu = sum(p.tier is Tier.GPU_BRINGUP for p in PATCHES)
+    serving = len(PATCHES) - demo - cpu - gpu
+    assert demo and cpu and gpu and report["patch_counts"] == {
+        "serving": serving, "applied": serving, "demo_only": demo, "cpu_serve_off": cpu, "gpu_bringup_off": gpu}
     brief = doctor("--brief")
     assert brief.returncode == 0
     assert brief.stdout.strip() == (f"sglang-glm-ext {report['plugin']['version']}: {serving}/{serving} serving "
                                     f"patches applied (+{demo} demo/test-only, not applied by design) "
-                                    f"(+{cpu} CPU-serving stand-ins, off), ok")
+                                    f"(+{cpu} CPU-serving stand-ins, off) (+{gpu} GPU bring-up, off), ok")
     text = doctor().stdout
     assert f"patches: {serving}/{serving} serving patches applied (+{demo} demo/test-only, never applied in a server" \
         in text
     assert "[   demo] l3_demo.cpu_kvcacheio" in text and "[skipped]" not in text
-    assert "[    cpu] cpu_serve." in text
+    assert "[    cpu] cpu_serve." in text and "[    gpu] gpu_bringup." in text
 
 
 def test_a_feature_this_node_cannot_serve_is_not_available(report):

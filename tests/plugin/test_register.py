@@ -31,10 +31,12 @@ PROBE = textwrap.dedent(
     out["states"] = {} if led is None else {k: v.state.value for k, v in led.status.items()}
     if led is not None:
         from sglang_glm_ext.patching.ledger import hook_in_chain
-        # demo: never applied by register(); cpu_serve: only with SGLANG_GLM_EXT_CPU_SERVE=1 (tests/cpu_serve/)
+        # demo: never applied by register(); cpu_serve: only with SGLANG_GLM_EXT_CPU_SERVE=1 (tests/cpu_serve/);
+        # gpu_bringup: only with SGLANG_GLM_EXT_GPU_BRINGUP=1 on a GPU without sgl_kernel (tests/gpu_bringup/)
+        off = ("demo", "cpu_serve", "gpu_bringup")
         out["live"] = {p.id: hook_in_chain(p.target, p.resolve_hook()) for p in led.patches
-                       if p.tier.value not in ("demo", "cpu_serve")}
-        out["demo"] = sorted(p.id for p in led.patches if p.tier.value in ("demo", "cpu_serve"))
+                       if p.tier.value not in off}
+        out["demo"] = sorted(p.id for p in led.patches if p.tier.value in off)
         out["second_register_same"] = plugin.register() is led
     if __CLI__:
         from sglang.srt.server_args import prepare_server_args

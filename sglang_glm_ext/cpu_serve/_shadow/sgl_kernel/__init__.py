@@ -17,6 +17,7 @@ from sglang_glm_ext.cpu_serve import kernels as _kernels
 from ._unavailable import StandinOpNotImplemented, unavailable as _unavailable
 
 GLM_EXT_CPU_STANDIN = True
+GLM_EXT_STANDIN = True  # one of the plugin's stand-ins (declare.real_sgl_kernel never takes it for a real one)
 __version__ = "0.0.0+sglang-glm-ext.cpu-standin"
 
 # Implemented (called on the CPU serving path).
