@@ -1,4 +1,5 @@
-"""The same multi-turn trace through SGLang's real server on this CPU, three ways, each restarted once:
+"""The same multi-turn trace through SGLang's real server (on this CPU, or on a CUDA GPU with the bring-up tier:
+``--gpu``), three ways, each restarted once:
 
   (a) HiCache without a storage tier, (b) HiCache + SGLang's own `file` backend, (c) HiCache + the plugin's L3.
 
@@ -9,7 +10,10 @@ TTFT of a one-token prompt (measured first and printed; below 10x the run says s
 costs about as much as recomputing, and no tier could show.
 
     python benchmark/cpu_server_bench.py --dir /var/tmp/cpu_bench [--hidden 512 --layers 6]
+    python benchmark/cpu_server_bench.py --gpu --dir /tmp/gpu_bench --hidden 2048 --layers 16 --system-chars 16000
 
+Before each restart the page cache is dropped for every file of the storage directories (POSIX_FADV_DONTNEED):
+SGLang's `file` backend reads through it, and a warm cache would flatter it (L3 reads its slabs with O_DIRECT).
 Numbers from a 2-core machine shared with other work are noisy: read the ratios, not the milliseconds.
 """
 
@@ -45,10 +49,35 @@ def _settle_backup(url: str) -> None:
         pass
 
 
-def side(name: str, model: str, work: str, args, env, reqs, log) -> dict:
+def drop_page_cache(*directories: str) -> int:
+    """POSIX_FADV_DONTNEED on every file under ``directories`` (after an fsync, so dirty pages can go too); how many
+    files."""
+    n = 0
+    for d in directories:
+        for root, _, files in os.walk(d):
+            for name in files:
+                try:
+                    fd = os.open(os.path.join(root, name), os.O_RDONLY)
+                except OSError:
+                    continue
+                try:
+                    os.fsync(fd)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    n += 1
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+    return n
+
+
+def side(name: str, model: str, work: str, args, env, reqs, log, profile=run.CPU, storage=()) -> dict:
     runs = {}
     for phase in ("first", "restart"):
-        srv = served.Server(model, os.path.join(work, f"{name}_{phase}.log"), args=args, env=env)
+        if phase == "restart" and storage:
+            log(f"[{name}] page cache dropped for {drop_page_cache(*storage)} storage files")
+        srv = served.Server(model, os.path.join(work, f"{name}_{phase}.log"), args=args, env=env,
+                            base_args=profile.base_args, base_env=dict(profile.base_env))
         try:
             took = srv.start_ready(600, progress=log)
             log(f"[{name}/{phase}] ready in {took:.0f} s")
@@ -63,14 +92,15 @@ def side(name: str, model: str, work: str, args, env, reqs, log) -> dict:
     return {"storage_hit_tokens": sum(x.cached["storage"] for x in r),
             "device_hit_tokens": sum(x.cached["device"] for x in r),
             "prefill_computed": sum(x.prompt_tokens - x.cached_total for x in r),
-            "ttft_median_s": served.median(x.ttft_s for x in r), "ttft_p90_s": served.percentile(
-                (x.ttft_s for x in r), 0.9),
+            "ttft_median_s": served.median(x.ttft_s for x in r),
+            "ttft_p90_s": served.percentile((x.ttft_s for x in r), 0.9),
             "ids_equal_first_pass": [x.output_ids for x in r] == [x.output_ids for x in runs["first"]]}
 
 
-def calibrate(model: str, work: str, reqs, log) -> dict:
+def calibrate(model: str, work: str, reqs, log, profile=run.CPU) -> dict:
     """TTFT of a cold prefill of the shared prefix vs a one-token prompt, on a plain server."""
-    srv = served.Server(model, os.path.join(work, "calibrate.log"))
+    srv = served.Server(model, os.path.join(work, "calibrate.log"), base_args=profile.base_args,
+                        base_env=dict(profile.base_env))
     try:
         srv.start_ready(600, progress=log)
         system = [reqs[0][0], {"role": "user", "content": "x"}]
@@ -96,38 +126,51 @@ def main(argv=None) -> int:
     ap.add_argument("--conversations", type=int, default=4)
     ap.add_argument("--turns", type=int, default=2)
     ap.add_argument("--system-chars", type=int, default=2000)
+    ap.add_argument("--arch", choices=tiny_model.ARCHES, default="glm5")
+    ap.add_argument("--gpu", action="store_true", help="on a CUDA GPU with the bring-up tier (bf16, pinned host pools, "
+                    "SGLang's copy kernels; gpu_bringup/served.py)")
+    ap.add_argument("--layout", choices=("layer_first", "page_first"), default="layer_first")
     args = ap.parse_args(argv)
     log = lambda s: print(s, flush=True)  # noqa: E731
     shutil.rmtree(args.dir, ignore_errors=True)
     os.makedirs(args.dir)
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(os.getcwd(), ".torch_extensions"))
     model = os.path.join(args.dir, "model")
-    tiny_model.write("glm5", model, hidden=args.hidden, layers=args.layers)
+    tiny_model.write(args.arch, model, hidden=args.hidden, layers=args.layers)
     reqs = run.workload(args.conversations, args.turns, system_chars=args.system_chars)
+    if args.gpu:
+        from sglang_glm_ext.gpu_bringup import served as gpu_served
+
+        # bf16 (what serving runs); a device pool that holds the first pass's prompts, so the restart is what empties it
+        tokens = max(8192, 2 * sum(len(str(m)) for m in reqs))
+        prof = run.Profile(**gpu_served.profile(args.layout, dtype="bfloat16", max_total_tokens=tokens,
+                                                mem_fraction=0.5))
+        hicache = prof.hicache_args
+    else:
+        prof, hicache = run.CPU, served.HICACHE_ARGS
     t0 = time.monotonic()
-    cal = calibrate(model, args.dir, reqs, log)
+    cal = calibrate(model, args.dir, reqs, log, prof)
     log(f"calibration: cold prefill of the shared prefix {cal['prefix_cold_ttft_s'] * 1000:.0f} ms vs one-token "
         f"prompt {cal['one_token_ttft_s'] * 1000:.0f} ms = {cal['ratio']:.1f}x"
         + ("" if cal["ratio"] >= 10 else "  (BELOW 10x: raise --hidden/--layers for a meaningful comparison)"))
-    file_dir = os.path.join(args.dir, "file_store")
+    file_dir, l3_dir = os.path.join(args.dir, "file_store"), os.path.join(args.dir, "l3")
     sides = {
-        "a_hicache": (served.HICACHE_ARGS, {}),
-        "b_file": ((*served.HICACHE_ARGS, "--hicache-storage-backend", "file"),
-                   {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": file_dir}),
-        "c_l3": ((*served.HICACHE_ARGS, "--enable-cp-l3", "--cp-l3-config", _l3_config(os.path.join(args.dir, "l3"))),
-                 {}),
+        "a_hicache": (hicache, {}, ()),
+        "b_file": ((*hicache, "--hicache-storage-backend", "file"),
+                   {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": file_dir}, (file_dir,)),
+        "c_l3": ((*hicache, "--enable-cp-l3", "--cp-l3-config", _l3_config(l3_dir)), {}, (l3_dir,)),
     }
     results = {}
-    for name, (sargs, env) in sides.items():
-        results[name] = side(name, model, args.dir, (*sargs, "--enable-metrics"), env, reqs, log)
+    for name, (sargs, env, storage) in sides.items():
+        results[name] = side(name, model, args.dir, (*sargs, "--enable-metrics"), env, reqs, log, prof, storage)
     base = results["a_hicache"]
 
     def ratio(a, b):
         return a / b if b else float("nan")
 
     log("")
-    log(f"model: GLM-5 tiny, hidden {args.hidden}, {args.layers} layers; {len(reqs)} requests "
-        f"({args.conversations} conversations x {args.turns} turns, shared system prompt); after one restart each")
+    log(f"profile: {prof.name}; model: {args.arch} tiny, hidden {args.hidden}, {args.layers} layers; {len(reqs)} "
+        f"requests ({args.conversations} conversations x {args.turns} turns, shared system prompt); after one restart each")
     log("| side | storage-hit tokens | prefill computed (vs a) | TTFT median (vs a) | TTFT p90 (vs a) | ids = 1st pass |")
     log("|---|---|---|---|---|---|")
     for name, r in results.items():
