@@ -136,8 +136,13 @@ def main(argv=None) -> int:
     os.makedirs(args.dir)
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(os.getcwd(), ".torch_extensions"))
     model = os.path.join(args.dir, "model")
-    tiny_model.write(args.arch, model, hidden=args.hidden, layers=args.layers)
     reqs = run.workload(args.conversations, args.turns, system_chars=args.system_chars)
+    # one token per byte: the context holds the longest conversation's prompt plus its replies (a 16,000-character
+    # system prompt met SGLang's 8,192-token default on the H200: HTTP 400 before the first measurement)
+    longest = max(len(json.dumps(m).encode()) for m in reqs)
+    context = max(8192, -(-(longest + 2048) // 1024) * 1024)
+    tiny_model.write(args.arch, model, hidden=args.hidden, layers=args.layers, mla="glm5" if args.gpu else "tiny",
+                     context=context)
     if args.gpu:
         from sglang_glm_ext.gpu_bringup import served as gpu_served
 

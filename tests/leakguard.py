@@ -137,6 +137,10 @@ def _eq_diff(name: str) -> Callable[[Any, Any], list[str]]:
 
 # ---- sys.modules: a module replaced or removed, or a hand-made one added ----
 
+# Names a runtime re-binds outside any import: Triton loads each compiled kernel's launcher as `__triton_launcher`.
+RUNTIME_MODULES = frozenset({"__triton_launcher"})
+
+
 def _modules() -> dict:
     return {name: m for name, m in list(sys.modules.items())}
 
@@ -154,7 +158,7 @@ def _modules_diff(before: dict, after: dict) -> list[str]:
         if old is ABSENT:
             if _hand_made(name, m):
                 out.append(f"sys.modules: {name} added by hand ({_short(m)})")
-        elif old is not m:
+        elif old is not m and _IMPORTED["replaced"].get(name) is not m and name not in RUNTIME_MODULES:
             out.append(f"sys.modules: {name} replaced ({_short(old)} -> {_short(m)})")
     out += [f"sys.modules: {name} removed" for name in before if name not in after]
     return out
@@ -165,7 +169,9 @@ def _modules_restore(before: dict) -> None:
         if name not in before and _hand_made(name, sys.modules[name]):
             del sys.modules[name]
     for name, m in before.items():
-        if sys.modules.get(name) is not m:
+        now = sys.modules.get(name, ABSENT)
+        if now is not m and (now is ABSENT or (_IMPORTED["replaced"].get(name) is not now
+                                               and name not in RUNTIME_MODULES)):
             sys.modules[name] = m
 
 
@@ -354,7 +360,9 @@ def _plugin_restore(before: dict) -> None:
 
 # ---- what imports change: recorded, so a first import is not a leak of the test that made it ----
 
-_IMPORTED: dict = {"env": {}, "sys.path": set(), "modules": set(), "loggers": {}}
+# "replaced": a module object an import put in place of another under the same name (transformers' lazy aliases,
+# e.g. transformers.tokenization_utils_fast, become the real module when first imported).
+_IMPORTED: dict = {"env": {}, "sys.path": set(), "modules": set(), "replaced": {}, "loggers": {}}
 _import_depth = threading.local()
 
 
@@ -364,9 +372,14 @@ def _record_import(before: dict) -> None:
         if before["env"].get(k, ABSENT) != v:
             _IMPORTED["env"][k] = v
     _IMPORTED["sys.path"].update(p for p in sys.path if p not in before["sys.path"])
-    _IMPORTED["modules"].update(n for n, m in list(sys.modules.items())
-                                if n not in before["modules"] and isinstance(m, types.ModuleType)
-                                and getattr(m, "__spec__", None) is None)
+    modules = before["modules"]
+    for n, m in list(sys.modules.items()):
+        old = modules.get(n, ABSENT)
+        if old is ABSENT:
+            if isinstance(m, types.ModuleType) and getattr(m, "__spec__", None) is None:
+                _IMPORTED["modules"].add(n)
+        elif old is not m:
+            _IMPORTED["replaced"][n] = m
     loggers = _loggers()
     for name, state in loggers.items():
         old = before["loggers"].get(name)
@@ -389,7 +402,7 @@ def trace_imports() -> None:
     def _find_and_load(name, import_):
         if getattr(_import_depth, "n", 0):
             return real(name, import_)
-        before = {"env": _environ(), "sys.path": set(sys.path), "modules": set(sys.modules), "loggers": _loggers()}
+        before = {"env": _environ(), "sys.path": set(sys.path), "modules": dict(sys.modules), "loggers": _loggers()}
         _import_depth.n = 1
         try:
             return real(name, import_)

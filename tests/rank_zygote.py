@@ -101,7 +101,11 @@ def _serve(preload: list[str]) -> None:
     out = os.fdopen(os.dup(1), "w", buffering=1)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # what a preloaded module prints later never mixes into the protocol
-    out.write(json.dumps({"ready": round(time.monotonic() - t0, 2), "pid": os.getpid()}) + "\n")
+    # A CUDA context made by an import (SGLang on a GPU machine asks the device at import) does not survive a fork:
+    # the test's side then starts each rank as a fresh interpreter instead (Zygote.spawn).
+    torch = sys.modules.get("torch")
+    cuda = bool(torch is not None and torch.cuda.is_initialized())
+    out.write(json.dumps({"ready": round(time.monotonic() - t0, 2), "pid": os.getpid(), "cuda": cuda}) + "\n")
     children: set[int] = set()
     buf = b""
     open_ = True
@@ -197,6 +201,32 @@ class Rank:
             return ""
 
 
+class _FreshRank(Rank):
+    """A rank started as a fresh interpreter (``rank_zygote.py --run REQUEST``), where the zygote cannot fork one."""
+
+    def __init__(self, proc: subprocess.Popen, log: str):
+        self.proc, self.pid, self.log = proc, proc.pid, log
+        self.returncode: "int | None" = None
+
+    def poll(self) -> "int | None":
+        self.returncode = self.proc.poll()
+        return self.returncode
+
+    def wait(self, timeout: "float | None" = None) -> int:
+        try:
+            self.returncode = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError(f"rank pid {self.pid} did not exit within {timeout} s") from None
+        return self.returncode
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.poll() is None:
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
 class Completed:
     """What :meth:`Zygote.run` returns: ``returncode``, ``stdout``, ``stderr`` (text), as ``CompletedProcess``."""
 
@@ -229,6 +259,7 @@ class Zygote:
             self.close()
             raise RuntimeError(f"the rank zygote did not start ({msg}): {b''.join(self._err)[-4000:].decode()}")
         self.import_s = msg["ready"]
+        self.cuda = bool(msg.get("cuda"))  # its imports made a CUDA context: ranks start fresh (see _serve)
 
     def _drain_stderr(self) -> None:
         for line in self.proc.stderr:
@@ -280,6 +311,11 @@ class Zygote:
         req = {"id": self._next, "module": module, "path": path and str(path), "code": code,
                "argv": [str(a) for a in argv], "log": str(log), "err": err and str(err),
                "env": dict(self.env if env is None else env), "cwd": str(cwd or self.cwd)}
+        if self.cuda:
+            proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--run", json.dumps(req)],
+                                    stdin=subprocess.DEVNULL, env=req["env"], cwd=req["cwd"], process_group=0)
+            rank = self._ranks[proc.pid] = _FreshRank(proc, str(log))
+            return rank
         self.proc.stdin.write((json.dumps(req) + "\n").encode())
         self.proc.stdin.flush()
         deadline = time.monotonic() + 60
@@ -330,4 +366,6 @@ class Zygote:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--run"]:  # one rank in a fresh interpreter (a zygote that holds a CUDA context)
+        _child(json.loads(sys.argv[2]))
     _serve(sys.argv[1:])

@@ -85,16 +85,23 @@ def test_what_an_import_sets_is_the_imports_what_a_test_sets_after_it_is_a_leak(
         "import os, sys, types, logging\n"
         "os.environ['GLM_EXT_SET_BY_IMPORT'] = '1'\n"
         "sys.modules['glm_ext_runtime_registry'] = types.ModuleType('glm_ext_runtime_registry')\n"
+        "sys.modules['glm_ext_lazy_alias'] = types.ModuleType('glm_ext_lazy_alias')\n"
         "logging.getLogger('glm_ext_leakguard_probe2').setLevel(logging.ERROR)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     logging.getLogger("glm_ext_leakguard_probe2")  # exists before the import: its level change is the import's
+    # a placeholder an import replaces (transformers' lazy aliases become the real module when first imported)
+    sys.modules["glm_ext_lazy_alias"] = placeholder = types.ModuleType("glm_ext_lazy_alias")
     try:
         assert _caught(lambda: __import__("glm_ext_leakguard_side_effects")) == []
+        assert sys.modules["glm_ext_lazy_alias"] is not placeholder  # the import's replacement stays
+        found = _caught(lambda: sys.modules.__setitem__("glm_ext_lazy_alias", placeholder))
+        assert len(found) == 1 and found[0].startswith("sys.modules: glm_ext_lazy_alias replaced"), found
         found = _caught(lambda: os.environ.__setitem__("GLM_EXT_SET_BY_IMPORT", "2"))
         assert found == ["env: GLM_EXT_SET_BY_IMPORT '1' -> '2'"], found
     finally:
         os.environ.pop("GLM_EXT_SET_BY_IMPORT", None)
         sys.modules.pop("glm_ext_runtime_registry", None)
+        sys.modules.pop("glm_ext_lazy_alias", None)
         sys.modules.pop("glm_ext_leakguard_side_effects", None)
         logging.getLogger("glm_ext_leakguard_probe2").setLevel(logging.NOTSET)
 

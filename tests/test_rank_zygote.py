@@ -80,3 +80,25 @@ def test_the_sglang_python_parent_imported_sglang_but_never_the_plugin(sglang_py
             "sys.exit(5)")
     got = sglang_python.run(code=code, timeout=120)
     assert got.returncode == 5 and got.stdout.split("\n")[0] == "['sglang', 'torch']", (got.stdout, got.stderr)
+
+
+def test_a_zygote_holding_a_cuda_context_starts_each_rank_fresh_with_the_same_contract(script, tmp_path):
+    """On a GPU machine SGLang's imports make a CUDA context in the zygote, which a forked child cannot use ("Cannot
+    re-initialize CUDA in forked subprocess", seen on the lent H200): ranks then start as fresh interpreters, with the
+    same argv, env, cwd, log, exit status and kill. Here the zygote's report is set as a GPU machine's would be."""
+    with Zygote(["decimal"], env=dict(os.environ, ZYGOTE_TEST="zygote")) as z:
+        assert z.cuda is False  # this CPU machine: no context, ranks fork
+        z.cuda = True
+        r = z.spawn(path=script, argv=["exit", 5], log=tmp_path / "log", env={"ZYGOTE_TEST": "rank"},
+                    cwd=str(tmp_path))
+        assert r.wait(60) == 5 and r.poll() == 5
+        got = json.loads(r.read_log().splitlines()[-1])
+        assert got["argv"] == ["exit", "5"] and got["env"] == "rank" and got["cwd"] == str(tmp_path)
+        assert got["name"] == "__main__" and not got["preloaded"]  # a fresh interpreter, not the zygote's fork
+        assert got["pid"] == r.pid and got["ppid"] == os.getpid()
+        sleeper = z.spawn(path=script, argv=["sleep", 0], log=tmp_path / "sleeper")
+        with pytest.raises(TimeoutError):
+            sleeper.wait(0.5)
+        assert os.getpgid(sleeper.pid) == sleeper.pid  # its own group: a kill reaches what it started
+        sleeper.kill()
+        assert sleeper.wait(30) == -signal.SIGKILL

@@ -5,7 +5,8 @@
 #     source scripts/gpu/install_carry.sh || exit 1
 #
 # - installs .gpucarry/wheels/*.whl into /tmp/site (GPUCARRY_SITE overrides) with
-#   `python3 -m pip install --no-index --no-deps --no-compile --no-cache-dir --upgrade --target`, once per machine
+#   `python3 -m pip install --no-index --no-deps --no-compile --no-cache-dir --upgrade --target` and its bytecode
+#   compiled on all cores (compileall -j 0), once per machine
 #   session: a stamp in the site holds the wheels' checksum, so a warm machine skips the install until the folder
 #   changes (a rebuilt plugin wheel changes it);
 # - prepends /tmp/site to PYTHONPATH and /tmp/site/bin to PATH (exported, so the server's subprocesses see them);
@@ -46,8 +47,12 @@ _gpucarry_install() {
             return 1
         fi
         rm -f "$log"
+        # Bytecode once, on every core: each server process imports SGLang (and its ~200 model modules) from
+        # source otherwise, 3 processes a server, several servers at once (~45 s a start seen on the H200).
+        local t1=$SECONDS
+        "$py" -m compileall -q -j 0 "$site" >/dev/null 2>&1 || true
         echo "$sum" >"$stamp"
-        echo "install_carry: installed $(ls "$wheels"/*.whl | wc -l) wheels into $site in $((SECONDS - t0)) s"
+        echo "install_carry: installed $(ls "$wheels"/*.whl | wc -l) wheels into $site in $((t1 - t0)) s, bytecode in $((SECONDS - t1)) s"
     fi
     case ":${PYTHONPATH:-}:" in
         *":$site:"*) ;;

@@ -45,6 +45,7 @@ class Profile:
     hicache_args: tuple = served.HICACHE_ARGS
     perturb_env: str = "SGLANG_GLM_EXT_CPU_SERVE_PERTURB_LOADS"
     deployment_id: str = "cpu-serve-main-job"
+    mla: str = "tiny"  # glm5's MLA head geometry (tiny_model.MLA_GEOMETRY)
 
 
 CPU = Profile("cpu")
@@ -180,7 +181,7 @@ def run(work: str, *, conversations: int = 3, turns: int = 3, server_timeout: fl
     os.makedirs(work, exist_ok=True)
     model = os.path.join(work, f"model-{arch}" if arch != "glm5" else "model")
     if not os.path.isfile(os.path.join(model, "config.json")):
-        tiny_model.write(arch, model)
+        tiny_model.write(arch, model, mla=profile.mla)
     cfg_path = _l3_config(work, profile.deployment_id)
     reqs = workload(conversations, turns)
     runner = Runner(work, model, log, server_timeout, profile)

@@ -41,10 +41,23 @@ class TinyModelError(ValueError):
     """Bad arguments for the generator (unknown arch, a shape SGLang cannot serve, a non-empty target)."""
 
 
-def config(arch: str, *, hidden: int | None = None, layers: int = 2, experts: int = 4) -> dict[str, Any]:
-    """The `config.json` for `arch` (see the module docstring for why each value)."""
+# glm5's MLA head geometry. "tiny": small latent and head sizes, what the CPU serving mode needs. "glm5": GLM-5's own
+# (kv_lora_rank 512, rope 64, nope 192, v 256; KV rows of 576 values), what SGLang's Triton MLA kernels on a GPU are
+# written for: with a 64-wide latent their extend kernel does not compile (its P*V dot meets a 128-wide V block).
+MLA_GEOMETRY = {"tiny": {"kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 32, "v_head_dim": 32},
+                "glm5": {"kv_lora_rank": 512, "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256}}
+
+
+def config(arch: str, *, hidden: int | None = None, layers: int = 2, experts: int = 4,
+           mla: str = "tiny", context: int = 8192) -> dict[str, Any]:
+    """The `config.json` for `arch` (see the module docstring for why each value); `mla`: glm5's MLA_GEOMETRY;
+    `context`: max_position_embeddings, SGLang's context length (one token per byte: a prompt of N bytes needs N)."""
     if arch not in ARCHES:
         raise TinyModelError(f"unknown --arch {arch!r}; choose one of {', '.join(ARCHES)}")
+    if mla not in MLA_GEOMETRY:
+        raise TinyModelError(f"unknown --mla {mla!r}; choose one of {', '.join(MLA_GEOMETRY)}")
+    if context < 1024:
+        raise TinyModelError("--context must be at least 1024 tokens")
     if layers < 2:
         raise TinyModelError("--layers must be at least 2 (one dense layer, then MoE layers)")
     if experts < 2:
@@ -53,7 +66,7 @@ def config(arch: str, *, hidden: int | None = None, layers: int = 2, experts: in
         "vocab_size": VOCAB_SIZE, "num_hidden_layers": layers, "first_k_dense_replace": 1,
         "n_routed_experts": experts, "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 1,
         "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.0, "hidden_act": "silu",
-        "rms_norm_eps": 1e-5, "max_position_embeddings": 8192, "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-5, "max_position_embeddings": context, "tie_word_embeddings": False,
         "torch_dtype": "bfloat16", "bos_token_id": None, "eos_token_id": SPECIAL_TOKENS.index(EOS) + 256,
         "pad_token_id": SPECIAL_TOKENS.index(EOS) + 256, "attention_bias": False, "initializer_range": 0.02,
         "use_cache": True,
@@ -75,11 +88,10 @@ def config(arch: str, *, hidden: int | None = None, layers: int = 2, experts: in
     return {**common, "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
             "hidden_size": h, "intermediate_size": 2 * h, "moe_intermediate_size": h,
             "num_attention_heads": heads, "num_key_value_heads": heads,
-            "q_lora_rank": 64, "kv_lora_rank": 64, "qk_nope_head_dim": 32, "qk_rope_head_dim": 32,
-            "v_head_dim": 32, "index_topk": 64, "index_head_dim": 128, "index_n_heads": 4,
+            "q_lora_rank": 64, **MLA_GEOMETRY[mla], "index_topk": 64, "index_head_dim": 128, "index_n_heads": 4,
             "topk_method": "noaux_tc", "scoring_func": "sigmoid", "rope_theta": 10000.0,
             "rope_scaling": {"type": "deepseek_yarn", "rope_type": "deepseek_yarn", "factor": 1.0,
-                             "original_max_position_embeddings": 8192, "beta_fast": 32, "beta_slow": 1,
+                             "original_max_position_embeddings": context, "beta_fast": 32, "beta_slow": 1,
                              "mscale": 1.0, "mscale_all_dim": 1.0},
             "moe_layer_freq": 1, "num_nextn_predict_layers": 0}
 
@@ -116,11 +128,12 @@ def tokenizer():
 
 
 def write(arch: str, directory: str, *, hidden: int | None = None, layers: int = 2, experts: int = 4,
-          force: bool = False, scaled_dummy: bool = True, seed: int = 0) -> dict[str, Any]:
+          force: bool = False, scaled_dummy: bool = True, seed: int = 0, mla: str = "tiny",
+          context: int = 8192) -> dict[str, Any]:
     """Write the model directory; returns its config. Refuses a directory that holds files unless `force`.
     `scaled_dummy`: write MARKER, so the CPU serving mode initialises `--load-format dummy` weights per parameter
     (seeded by `seed` and the parameter's name) at a scale whose output depends on the prompt."""
-    cfg = config(arch, hidden=hidden, layers=layers, experts=experts)
+    cfg = config(arch, hidden=hidden, layers=layers, experts=experts, mla=mla, context=context)
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise TinyModelError(f"{directory}: exists and is not a directory")
     if os.path.isdir(directory) and os.listdir(directory) and not force:
@@ -168,6 +181,10 @@ def add_subcommand(sub) -> None:
     p.add_argument("--hidden", type=int, default=None, help="hidden size (64 for glm4_moe, 128 for glm5 when not given)")
     p.add_argument("--layers", type=int, default=2, help="decoder layers (2: one dense, one MoE)")
     p.add_argument("--experts", type=int, default=4, help="routed experts (top-2)")
+    p.add_argument("--mla", choices=tuple(MLA_GEOMETRY), default="tiny",
+                   help="glm5's MLA head geometry: tiny (CPU serving) or glm5 (GLM-5's own, for SGLang's GPU kernels)")
+    p.add_argument("--context", type=int, default=8192,
+                   help="context length in tokens (max_position_embeddings; one token per byte of prompt)")
     p.add_argument("--force", action="store_true", help="write into a non-empty directory")
     p.add_argument("--plain-dummy", action="store_true",
                    help="leave SGLang's own dummy weights (uniform +-1e-3, one seed): the output then does not depend "
@@ -178,7 +195,7 @@ def add_subcommand(sub) -> None:
 def _run(args) -> int:
     try:
         cfg = write(args.arch, args.dir, hidden=args.hidden, layers=args.layers, experts=args.experts,
-                    force=args.force, scaled_dummy=not args.plain_dummy)
+                    force=args.force, scaled_dummy=not args.plain_dummy, mla=args.mla, context=args.context)
     except TinyModelError as exc:
         print(f"sglang-glm-ext tiny-model: {exc}")
         return 2

@@ -238,8 +238,13 @@ class PoolDeltaRecorder:
         return out
 
 
+# Counters of the graph pool: absent while the pool does not exist yet, and a pool created inside the window (SGLang
+# creates its global graph pool inside the capture call, after the hook's first read) held 0 bytes before it.
+POOL_KEYS = ("pool", "pool_live")
+
+
 def diff(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:
-    return {k: after[k] - before[k] for k in after if k in before}
+    return {k: after[k] - before.get(k, 0) for k in after if k in before or k in POOL_KEYS}
 
 
 def graph_pool_bytes(pool_id: Any, device: Any = None) -> tuple[int, int]:

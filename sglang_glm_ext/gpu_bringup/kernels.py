@@ -216,7 +216,7 @@ def weak_ref_tensor(tensor):
     if tensor.dim() and strides[-1] != 1:
         return tensor  # a non-unit inner stride cannot be viewed as bytes: keep the owning reference
     raw = torch.as_tensor(_CudaArray(tensor.data_ptr(), shape[:-1] + [shape[-1] * size],
-                                     [s * size for s in strides], "|u1"), device=tensor.device)
+                                     [s * size for s in strides[:-1]] + [1], "|u1"), device=tensor.device)
     out = raw.view(tensor.dtype)
     return out.reshape(tensor.shape) if tensor.dim() == 0 else out
 

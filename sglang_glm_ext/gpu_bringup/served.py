@@ -40,7 +40,7 @@ def profile(layout: str, *, dtype: str = "float32", io_backend: str = "kernel", 
                 base_args=(*BASE_ARGS, "--dtype", dtype, "--max-total-tokens", str(max_total_tokens),
                            "--mem-fraction-static", str(mem_fraction)),
                 base_env=tuple(BASE_ENV.items()), hicache_args=hicache_args(layout, io_backend),
-                perturb_env=PERTURB_LOADS.name, deployment_id=f"gpu-served-{layout}")
+                perturb_env=PERTURB_LOADS.name, deployment_id=f"gpu-served-{layout}", mla="glm5")
 
 
 # ---- the CUDA-graph phase's proof from the server log -----------------------------------------------------------

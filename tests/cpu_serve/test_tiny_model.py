@@ -32,15 +32,27 @@ def test_cli_writes_config_tokenizer_and_chat_template(sglang_python, tmp_path, 
     tok.decode(list(range(cfg["vocab_size"])))
 
 
-def test_sglangs_model_config_accepts_the_glm5_directory(tmp_path):
+@pytest.mark.parametrize("mla, latent, row", [("tiny", 64, 96), ("glm5", 512, 576)])
+def test_sglangs_model_config_accepts_the_glm5_directory(tmp_path, mla, latent, row):
     d = tmp_path / "m"
-    tiny_model.write("glm5", str(d))
+    tiny_model.write("glm5", str(d), mla=mla)
     from sglang.srt.configs.model_config import is_glm_moe_dsa
     from transformers import AutoConfig
 
     hf = AutoConfig.from_pretrained(str(d))
     assert is_glm_moe_dsa(hf)
-    assert hf.index_head_dim == 128 and hf.kv_lora_rank == 64 and hf.num_nextn_predict_layers == 0
+    assert hf.index_head_dim == 128 and hf.kv_lora_rank == latent and hf.num_nextn_predict_layers == 0
+    assert hf.kv_lora_rank + hf.qk_rope_head_dim == row  # the values of one MLA KV row (GLM-5: 576)
+
+
+@pytest.mark.parametrize("arch", ["glm4_moe", "glm5"])
+def test_the_context_length_is_what_sglang_serves(tmp_path, arch):
+    """A prompt of N bytes is N tokens: the bench's 16,000-character prompts need a context past 8,192 (on the H200
+    SGLang refused them with HTTP 400 at the default)."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    tiny_model.write(arch, str(tmp_path / "m"), context=20480)
+    assert ModelConfig(str(tmp_path / "m")).context_len == 20480
 
 
 @pytest.mark.slow
@@ -49,6 +61,10 @@ def test_bad_arguments_are_clear_errors(sglang_python, tmp_path):
         tiny_model.config("glm9")
     with pytest.raises(tiny_model.TinyModelError, match="multiple of 32"):
         tiny_model.config("glm5", hidden=100)
+    with pytest.raises(tiny_model.TinyModelError, match="unknown --mla 'big'"):
+        tiny_model.config("glm5", mla="big")
+    with pytest.raises(tiny_model.TinyModelError, match="--context must be at least 1024"):
+        tiny_model.config("glm4_moe", context=100)
     with pytest.raises(tiny_model.TinyModelError, match="at least 2"):
         tiny_model.config("glm4_moe", layers=1)
     (tmp_path / "x").mkdir()

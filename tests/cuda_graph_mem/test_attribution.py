@@ -186,3 +186,20 @@ def test_core_imports_without_sglang():
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_a_graph_pool_created_inside_the_window_grew_from_zero():
+    """SGLang 0.5.23 creates its global graph pool inside the capture call, after the hook's first read (seen on
+    the H100: the whole-capture line fell back to `reserved`): the pool's counters are absent before and count
+    from 0; a counter the reader stops giving, or one that is not the pool's, is left out as before."""
+    mib = 1 << 20
+    before = {"reserved": 100 * mib, "allocated": 10 * mib}
+    after = {"reserved": 136 * mib, "allocated": 42 * mib, "pool": 2 * mib, "pool_live": 0}
+    assert attr.diff(before, after) == {"reserved": 36 * mib, "allocated": 32 * mib, "pool": 2 * mib, "pool_live": 0}
+    assert attr.diff({"pool": 4 * mib, "other": 1}, {"pool": 6 * mib, "other2": 5}) == {"pool": 2 * mib}
+    rec = attr.PoolDeltaRecorder(scripted([{"pool": 2 * mib, "pool_live": 0}]))
+    report = attr.FamilyReport("decode", [], rec)
+    rec.shapes.append(attr.ShapeDelta("bs=4", {"pool": 2 * mib, "pool_live": 0}))
+    report.whole = attr.diff(before, after)
+    assert "graph pool +2.00 MiB over 1 shapes" in report.total_line()
+    assert "whole capture graph pool +2.00 MiB" in report.total_line()

@@ -2,6 +2,7 @@
 on and its checks passed (a CUDA GPU, no real sgl_kernel, SGLang's settings for a node without one, not the CPU
 mode too), names every stand-in in one warning, and a launch elsewhere stops with one line naming the fix."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -23,7 +24,8 @@ def here(monkeypatch):
     for k, v in ON.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("SGLANG_GLM_EXT_CPU_SERVE", raising=False)
-    monkeypatch.setattr(sys, "path", list(sys.path))  # activate() may insert the stand-in's folder
+    # activate() may insert the stand-in's folder; on the GPU machine served.sh has it on PYTHONPATH already
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if os.path.abspath(p or os.getcwd()) != gate.SHADOW_DIR])
 
 
 def test_a_gpu_node_without_sgl_kernel_activates_the_standin(here):
@@ -49,14 +51,19 @@ def test_each_refusal_names_its_fix(here, monkeypatch, tmp_path):
     monkeypatch.setattr(gate, "cuda_gpu", lambda: "")
     (tmp_path / "sgl_kernel").mkdir()
     (tmp_path / "sgl_kernel" / "__init__.py").write_text("REAL = True\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    # into the fixture's copy of sys.path (monkeypatch.syspath_prepend would restore the copy's contents at the end)
+    sys.path.insert(0, str(tmp_path))
+    importlib.invalidate_caches()
     assert "a real sgl_kernel is installed (" + str(tmp_path) in gate.refusal_reason()
     monkeypatch.setenv("SGLANG_GLM_EXT_GPU_BRINGUP", "0")
     assert gate.activate() == "SGLANG_GLM_EXT_GPU_BRINGUP is not set"
 
 
 def test_no_cuda_here_is_a_refusal_not_a_crash():
-    assert gate.cuda_gpu() == "no CUDA GPU is visible to torch"  # this CPU machine
+    import torch
+
+    want = "" if torch.cuda.is_available() else "no CUDA GPU is visible to torch"  # this CPU machine: the refusal
+    assert gate.cuda_gpu() == want
 
 
 def test_the_warning_names_every_standin_and_says_what_it_is():

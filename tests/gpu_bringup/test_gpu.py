@@ -90,6 +90,7 @@ def test_every_kvcacheio_copy_is_byte_exact(kvio, monkeypatch, jit, item):
 
 def test_sglangs_jit_moe_align_agrees_with_the_torch_op(monkeypatch):
     monkeypatch.syspath_prepend(gate.SHADOW_DIR)
+    monkeypatch.delitem(sys.modules, "sgl_kernel", raising=False)  # the stand-in fresh; whatever was there, back after
     sk = importlib.import_module("sgl_kernel")
     g = torch.Generator().manual_seed(5)
     for tokens, topk, experts, block in [(3, 2, 8, 16), (200, 8, 64, 64), (1000, 8, 256, 64)]:
@@ -105,14 +106,15 @@ def test_sglangs_jit_moe_align_agrees_with_the_torch_op(monkeypatch):
                     torch.empty(buckets + 1, dtype=torch.int32, device="cuda"))
             fn(ids, buckets, block, *bufs, True)
             outs.append([b.cpu() for b in bufs])
-        (s1, e1, p1, c1), (s2, e2, p2, c2) = outs
+        (s1, e1, p1, _), (s2, e2, p2, c2) = outs
         total = int(p2)
-        assert int(p1) == total and torch.equal(c1[:buckets + 1], c2[:buckets + 1])
+        # cumsum_buffer is the kernels' scratch (SGLang's caller returns sorted ids, expert ids and the padded
+        # count only; the JIT kernel leaves it unwritten): the buckets' bounds are the torch op's
+        assert int(p1) == total
         assert torch.equal(e1[:total // block], e2[:total // block])
         for b in range(buckets):  # order inside a bucket is the kernel's own
             lo, hi = int(c2[b]), int(c2[b + 1])
             assert sorted(s1[lo:hi].tolist()) == sorted(s2[lo:hi].tolist()), b
-    sys.modules.pop("sgl_kernel", None)
 
 
 def test_the_torch_ops_run_inside_a_cuda_graph():
