@@ -45,17 +45,19 @@ def profile(layout: str, *, dtype: str = "float32", io_backend: str = "kernel", 
 
 # ---- the CUDA-graph phase's proof from the server log -----------------------------------------------------------
 _TOTAL = re.compile(r"\[cg_mem\] (?P<label>[\w.]+): TOTAL static buffers (?P<own>[\d.]+) MiB own.*?"
-                    r"graph pool \+(?P<pool>[\d.]+) MiB over (?P<n>\d+) shapes.*?"
-                    r"whole capture graph pool \+(?P<whole>[\d.]+) MiB")
+                    r"(?:graph pool|reserved) \+(?P<pool>[\d.]+) MiB over (?P<n>\d+) shapes.*?"
+                    r"whole capture (?P<counter>graph pool|reserved) \+(?P<whole>[\d.]+) MiB")
 _SHAPE_HEAD = re.compile(r"\[cg_mem\] (?P<label>[\w.]+): graph memory per captured shape")
 _BUFFERS = re.compile(r"\[cg_mem\] (?P<label>[\w.]+): static buffers \((?P<n>\d+)\)")
 
 
 def cg_mem_report(log_text: str) -> dict[str, Any]:
-    """What SGLang's real capture logged through the plugin: per family, its static buffer count, the per-shape pool
-    deltas (MiB), their sum, the TOTAL line's pool growth and the whole capture's. The check of the H200 core run
-    holds when the per-shape deltas sum to the whole capture's pool growth: graph-pool memory is taken only while a
-    shape is captured, so every MiB must be in some shape's window."""
+    """What SGLang's real capture logged through the plugin: per family, its static buffer count, the per-shape
+    deltas (MiB) of each counter, the TOTAL line's growth and the whole capture's, on the counter that line names
+    (``graph pool`` where the pool was readable at the start of the capture, else ``reserved``, as the plugin of
+    before 2026-12-05 logged SGLang 0.5.23's decode capture, whose pool is created inside the call). The check of
+    the H200 core run holds when the per-shape deltas of that counter sum to the whole capture's growth: memory is
+    taken only while a shape is captured, so every MiB must be in some shape's window."""
     lines = log_text.splitlines()
     out: dict[str, Any] = {}
     for i, ln in enumerate(lines):
@@ -65,25 +67,30 @@ def cg_mem_report(log_text: str) -> dict[str, Any]:
         m = _SHAPE_HEAD.search(ln)
         if m:
             fam = out.setdefault(m["label"], {})
-            header = lines[i + 1].split() if i + 1 < len(lines) else []
-            col = header.index("pool") if "pool" in header else None
-            deltas = []
+            header = lines[i + 1].split()[1:] if i + 1 < len(lines) else []  # after "shape"
+            columns: dict[str, list[float]] = {c: [] for c in header}
             for row in lines[i + 2:]:
                 cells = row.split()
                 if not cells or "[cg_mem]" in row or not cells[0].startswith("bs="):
                     break
-                if col is not None and col < len(cells):
-                    deltas.append(float(cells[col]))
-            fam["shape_pool_mib"] = deltas
-            fam["shape_sum_mib"] = round(sum(deltas), 2)
+                for c, v in zip(header, cells[1:]):
+                    columns[c].append(float(v))
+            fam["shape_mib"] = columns
+            fam["shape_pool_mib"] = columns.get("pool", [])
+            fam["shape_sum_mib"] = round(sum(fam["shape_pool_mib"]), 2)
         m = _TOTAL.search(ln)
         if m:
             fam = out.setdefault(m["label"], {})
             fam.update(own_mib=float(m["own"]), pool_mib=float(m["pool"]), shapes=int(m["n"]),
-                       whole_pool_mib=float(m["whole"]))
+                       whole_counter="pool" if m["counter"] == "graph pool" else "reserved",
+                       whole_mib=float(m["whole"]))
+            if fam["whole_counter"] == "pool":
+                fam["whole_pool_mib"] = fam["whole_mib"]
     for fam in out.values():
-        if "shape_sum_mib" in fam and "whole_pool_mib" in fam:
-            fam["sums_to_pool"] = abs(fam["shape_sum_mib"] - fam["whole_pool_mib"]) < 0.01
+        col = fam.get("shape_mib", {}).get(fam.get("whole_counter", ""))
+        if col is not None and "whole_mib" in fam:
+            fam["counter_sum_mib"] = round(sum(col), 2)
+            fam["sums_to_pool"] = abs(fam["counter_sum_mib"] - fam["whole_mib"]) < 0.01
     return out
 
 
@@ -105,11 +112,13 @@ def graph_phase(l3_phase: Callable, compare: Callable, reference) -> tuple[list[
     if not report:
         failures.append("no [cg_mem] table in the CUDA-graph server's log: the attribution did not run")
     for fam, r in report.items():
+        counter = r.get("whole_counter", "pool")
         if not r.get("sums_to_pool", False):
-            failures.append(f"cg_mem {fam}: per-shape pool deltas {r.get('shape_sum_mib')} MiB do not sum to the "
-                            f"capture's pool growth {r.get('whole_pool_mib')} MiB")
+            failures.append(f"cg_mem {fam}: per-shape {counter} deltas {r.get('counter_sum_mib')} MiB do not sum to "
+                            f"the whole capture's {counter} growth {r.get('whole_mib')} MiB")
         else:
             notes.append(f"cg_mem {fam}: {r.get('buffers')} static buffers, {r.get('own_mib')} MiB own; graph pool "
-                         f"+{r['whole_pool_mib']} MiB over {r.get('shapes')} shapes = the sum of the per-shape "
-                         f"deltas {r['shape_pool_mib']}")
+                         f"+{r.get('pool_mib')} MiB over {r.get('shapes')} shapes; whole capture {counter} "
+                         f"+{r['whole_mib']} MiB = the sum of the per-shape {counter} deltas "
+                         f"{r['shape_mib'][counter]}")
     return failures, notes

@@ -53,3 +53,17 @@ def test_the_cg_mem_check_reads_the_attributions_tables_and_sees_a_missing_shape
     cut = _h200_output().replace("  bs=32                          +4.00", "  bs=32                          +0.00", 1)
     assert served.cg_mem_report(cut)["target_verify"]["sums_to_pool"] is False
     assert served.cg_mem_report("no table here") == {}
+
+
+def test_the_check_reads_sglangs_real_decode_capture_on_the_counter_its_line_names():
+    """Verbatim from SGLang 0.5.23's decode capture on the H100 (docs_internal/gpu_runs_2026-12-05.md): the graph
+    pool is created inside the capture call, so the whole-capture line gives `reserved`; the per-shape `reserved`
+    deltas must sum to it (they do: 36 = 36), and a row cut from them fails the check."""
+    text = (ROOT / "docs_internal" / "gpu_runs_2026-12-05.md").read_text()
+    text = text.split("## CUDA graphs:", 1)[1].split("```", 2)[1]
+    dec = served.cg_mem_report(text)["decode"]
+    assert dec["buffers"] == 12 and dec["whole_counter"] == "reserved" and dec["whole_mib"] == 36.0
+    assert dec["shape_mib"]["reserved"] == [36.0, 0.0, 0.0] and dec["shape_pool_mib"] == [2.0, 0.0, 0.0]
+    assert dec["pool_mib"] == 2.0 and dec["sums_to_pool"] is True
+    cut = text.replace("+36.00      +32.00", "+34.00      +32.00", 1)
+    assert served.cg_mem_report(cut)["decode"]["sums_to_pool"] is False
