@@ -298,7 +298,7 @@ class Zygote:
                 msg = self._read_line(0) if b"\n" in self._buf else None
             if self.proc.poll() is not None:
                 for rank in self._ranks.values():
-                    if rank.returncode is None:
+                    if rank.returncode is None and not isinstance(rank, _FreshRank):  # a fresh one is not its child
                         rank.returncode = -signal.SIGKILL  # the zygote died: its process group went with it
 
     def spawn(self, *, argv: list[str] = (), log, err=None, module: "str | None" = None, path: "str | None" = None,
