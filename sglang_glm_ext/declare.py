@@ -147,6 +147,39 @@ def real_sgl_kernel() -> str:
     return spec.origin or (list(spec.submodule_search_locations or []) or ["?"])[0]
 
 
+def switch_on(switch: "EnvVar") -> bool:
+    """A tier's switch is set to a true value (a bad value counts as off; the feature's validate says so)."""
+    try:
+        return switch.get_bool()
+    except ValueError:
+        return False
+
+
+def standin_reachable(shadow_dir: str) -> bool:
+    """Whether ``import sgl_kernel`` in this process (or a child spawned from it) reaches the stand-in in
+    ``shadow_dir`` (one of STANDIN_DIRS)."""
+    import sys
+
+    return any(os.path.abspath(p or os.getcwd()) == shadow_dir for p in sys.path)
+
+
+def activate_standin(shadow_dir: str, switch: "EnvVar", refusal_reason: Callable[[], str]) -> str:
+    """Put a tier's stand-in directory at the front of ``sys.path`` when its switch is on and ``refusal_reason()``
+    is empty. Returns '' when the stand-in is reachable now, else why not (the switch is off, or the refusal).
+    The CPU serving mode and the GPU bring-up tier share this: SGLang's spawned schedulers import ``sgl_kernel``
+    before their first line runs, and spawn copies the parent's ``sys.path``."""
+    import sys
+
+    if not switch_on(switch):
+        return f"{switch.name} is not set"
+    why = refusal_reason()
+    if why:
+        return why
+    if not standin_reachable(shadow_dir):
+        sys.path.insert(0, shadow_dir)
+    return ""
+
+
 class Tier(str, enum.Enum):
     # Guard patches make plugin flags parse and fail with a clear message; they go in on any SGLang version.
     GUARD = "guard"

@@ -26,10 +26,7 @@ STANDIN_MODULE = "sgl_kernel"
 
 def mode_on() -> bool:
     """``SGLANG_GLM_EXT_CPU_SERVE`` is set to a true value (a bad value counts as off; validate says so)."""
-    try:
-        return CPU_SERVE.get_bool()
-    except ValueError:
-        return False
+    return declare.switch_on(CPU_SERVE)
 
 
 def visible_accelerator() -> str:
@@ -81,20 +78,13 @@ def device_refusal(device) -> str:
 
 def standin_reachable() -> bool:
     """Whether ``import sgl_kernel`` in this process (or a child spawned from it) reaches the stand-in."""
-    return any(os.path.abspath(p or os.getcwd()) == SHADOW_DIR for p in sys.path)
+    return declare.standin_reachable(SHADOW_DIR)
 
 
 def activate() -> str:
     """Put the stand-in's directory at the front of ``sys.path`` when the mode is on and may run here. Returns ''
     when the stand-in is reachable now, else why not (the mode is off, or :func:`refusal_reason`)."""
-    if not mode_on():
-        return f"{CPU_SERVE.name} is not set"
-    why = refusal_reason()
-    if why:
-        return why
-    if not standin_reachable():
-        sys.path.insert(0, SHADOW_DIR)
-    return ""
+    return declare.activate_standin(SHADOW_DIR, CPU_SERVE, refusal_reason)
 
 
 def _probe_child(queue) -> None:

@@ -10,7 +10,6 @@ tier off nothing can import the stand-in.
 from __future__ import annotations
 
 import os
-import sys
 
 from .. import declare
 from .feature import GPU_BRINGUP, REQUIRED
@@ -21,10 +20,7 @@ SHADOW_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_shadow")
 
 def mode_on() -> bool:
     """``SGLANG_GLM_EXT_GPU_BRINGUP`` is set to a true value (a bad value counts as off; validate says so)."""
-    try:
-        return GPU_BRINGUP.get_bool()
-    except ValueError:
-        return False
+    return declare.switch_on(GPU_BRINGUP)
 
 
 def cuda_gpu() -> str:
@@ -65,20 +61,13 @@ def refusal_reason() -> str:
 
 def standin_reachable() -> bool:
     """Whether ``import sgl_kernel`` in this process (or a child spawned from it) reaches the stand-in."""
-    return any(os.path.abspath(p or os.getcwd()) == SHADOW_DIR for p in sys.path)
+    return declare.standin_reachable(SHADOW_DIR)
 
 
 def activate() -> str:
     """Put the stand-in's directory at the front of ``sys.path`` when the tier is on and may run here. Returns ''
     when the stand-in is reachable now, else why not (the tier is off, or :func:`refusal_reason`)."""
-    if not mode_on():
-        return f"{GPU_BRINGUP.name} is not set"
-    why = refusal_reason()
-    if why:
-        return why
-    if not standin_reachable():
-        sys.path.insert(0, SHADOW_DIR)
-    return ""
+    return declare.activate_standin(SHADOW_DIR, GPU_BRINGUP, refusal_reason)
 
 
 def warning_line() -> str:
