@@ -77,8 +77,8 @@ if [ ${#TARGETS[@]} -gt 0 ]; then
 fi
 
 if [ -n "$BENCH" ] && [ "$(left)" -gt 60 ]; then
-    # shellcheck disable=SC2086
     # with --gpu-tests, GPU_TESTS_S seconds (default 100) are kept for them
+    # shellcheck disable=SC2086
     timeout "$(( $(left) - 15 - (GPU_TESTS ? ${GPU_TESTS_S:-100} : 0) ))" python3 benchmark/cpu_server_bench.py --gpu \
         --dir /tmp/bench $BENCH \
         >"$OUT/bench.log" 2>&1
