@@ -163,6 +163,19 @@ def standin_reachable(shadow_dir: str) -> bool:
     return any(os.path.abspath(p or os.getcwd()) == shadow_dir for p in sys.path)
 
 
+def refuse_tier(switch: "EnvVar", refusal_reason: Callable[[], str]) -> None:
+    """A tier's launch check (CPU serving mode, GPU bring-up): a bad switch value, or the switch on where
+    ``refusal_reason()`` is not empty, raises PluginFlagError with one line; off, nothing is checked."""
+    try:
+        on = switch.get_bool()
+    except ValueError as exc:
+        raise PluginFlagError(str(exc)) from None
+    if on:
+        why = refusal_reason()
+        if why:
+            raise PluginFlagError(f"{switch.name}=1 refused: {why}")
+
+
 def activate_standin(shadow_dir: str, switch: "EnvVar", refusal_reason: Callable[[], str]) -> str:
     """Put a tier's stand-in directory at the front of ``sys.path`` when its switch is on and ``refusal_reason()``
     is empty. Returns '' when the stand-in is reachable now, else why not (the switch is off, or the refusal).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..declare import EnvVar, Feature, PluginFlagError
+from ..declare import EnvVar, Feature, refuse_tier
 
 USE_CPU_ENGINE = "SGLANG_USE_CPU_ENGINE"  # SGLang's own switch (utils/common.py is_cpu())
 CPU_SERVE = EnvVar(
@@ -24,17 +24,9 @@ PERTURB_LOADS = EnvVar(
 
 def validate(values: Mapping[str, Any]) -> None:
     """With the mode on: refuse (one line) where it cannot run; the --device check needs the record (hooks.py)."""
-    try:
-        on = CPU_SERVE.get_bool()
-    except ValueError as exc:
-        raise PluginFlagError(str(exc)) from None
-    if not on:
-        return
     from .gate import refusal_reason
 
-    why = refusal_reason()
-    if why:
-        raise PluginFlagError(f"{CPU_SERVE.name}=1 refused: {why}")
+    refuse_tier(CPU_SERVE, refusal_reason)
 
 
 def _active(_server_args: Any) -> bool:

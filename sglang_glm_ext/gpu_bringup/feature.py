@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..declare import EnvVar, Feature, PluginFlagError
+from ..declare import EnvVar, Feature, refuse_tier
 
 GPU_BRINGUP = EnvVar(
     "SGLANG_GLM_EXT_GPU_BRINGUP", "0",
@@ -34,17 +34,9 @@ REQUIRED = (RADIX_CORE, SKIP_KERNEL_CHECK)
 
 def validate(values: Mapping[str, Any]) -> None:
     """With the tier on: refuse (one line) where it cannot run or SGLang is not set up for it."""
-    try:
-        on = GPU_BRINGUP.get_bool()
-    except ValueError as exc:
-        raise PluginFlagError(str(exc)) from None
-    if not on:
-        return
     from .gate import refusal_reason
 
-    why = refusal_reason()
-    if why:
-        raise PluginFlagError(f"{GPU_BRINGUP.name}=1 refused: {why}")
+    refuse_tier(GPU_BRINGUP, refusal_reason)
 
 
 def _active(_server_args: Any) -> bool:

@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from sglang_glm_ext.declare import PluginFlagError
 from sglang_glm_ext.gpu_bringup import feature, gate, kernels
 
 ON = {"SGLANG_GLM_EXT_GPU_BRINGUP": "1", "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",
@@ -75,10 +76,10 @@ def test_the_warning_names_every_standin_and_says_what_it_is():
 def test_validate_raises_the_refusal_for_the_launch(here, monkeypatch):
     feature.validate({})
     monkeypatch.setattr(gate, "cuda_gpu", lambda: "no CUDA GPU is visible to torch")
-    with pytest.raises(feature.PluginFlagError, match="^SGLANG_GLM_EXT_GPU_BRINGUP=1 refused: no CUDA GPU"):
+    with pytest.raises(PluginFlagError, match="^SGLANG_GLM_EXT_GPU_BRINGUP=1 refused: no CUDA GPU"):
         feature.validate({})
     monkeypatch.setenv("SGLANG_GLM_EXT_GPU_BRINGUP", "maybe")
-    with pytest.raises(feature.PluginFlagError, match="SGLANG_GLM_EXT_GPU_BRINGUP='maybe'"):
+    with pytest.raises(PluginFlagError, match="SGLANG_GLM_EXT_GPU_BRINGUP='maybe'"):
         feature.validate({})
 
 
