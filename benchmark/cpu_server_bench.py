@@ -15,6 +15,10 @@ costs about as much as recomputing, and no tier could show.
 Before each restart the page cache is dropped for every file of the storage directories (POSIX_FADV_DONTNEED):
 SGLang's `file` backend reads through it, and a warm cache would flatter it (L3 reads its slabs with O_DIRECT).
 Numbers from a 2-core machine shared with other work are noisy: read the ratios, not the milliseconds.
+
+On a GPU (``--gpu``) a phase's servers start together (the calibration server and the three first passes, then the
+three restarts: a server start there is a minute of imports, and seven in a row would not fit a 10-minute call), each
+with 15% of the GPU; they are measured one at a time, the others idle. On a CPU one server runs at a time.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -71,23 +77,92 @@ def drop_page_cache(*directories: str) -> int:
     return n
 
 
-def side(name: str, model: str, work: str, args, env, reqs, log, profile=run.CPU, storage=()) -> dict:
-    runs = {}
-    for phase in ("first", "restart"):
-        if phase == "restart" and storage:
-            log(f"[{name}] page cache dropped for {drop_page_cache(*storage)} storage files")
-        srv = served.Server(model, os.path.join(work, f"{name}_{phase}.log"), args=args, env=env,
-                            base_args=profile.base_args, base_env=dict(profile.base_env))
+def _measure(srv: served.Server, args, reqs) -> list:
+    """The trace through one ready server, then the wait for its storage writes to settle."""
+    replies = [served.chat(srv.url, m, timeout=600) for m in reqs]
+    _settle_backup(srv.url)
+    if "--enable-cp-l3" in args:
+        served.wait_counter_settled(srv.url, run.SPILL, timeout=300)
+    return replies
+
+
+def _group(servers: dict, work, log) -> dict:
+    """Start every server of ``servers`` ({name: Server}) at once (threads, a few seconds apart), then run
+    ``work(name, server)`` on each in turn, the others idle, then stop them all. On a GPU the starts (a minute each,
+    import-bound) overlap instead of adding up; the measurements never overlap."""
+    took, errors = {}, {}
+
+    def start(name, srv):
         try:
-            took = srv.start_ready(600, progress=log)
-            log(f"[{name}/{phase}] ready in {took:.0f} s")
-            replies = [served.chat(srv.url, m, timeout=600) for m in reqs]
-            _settle_backup(srv.url)
-            if "--enable-cp-l3" in args:
-                served.wait_counter_settled(srv.url, run.SPILL, timeout=300)
-        finally:
+            took[name] = srv.start_ready(600)
+        except Exception as e:  # noqa: BLE001 - reported below, every server stopped
+            errors[name] = e
+
+    threads = []
+    try:
+        for name, srv in servers.items():
+            threads.append(threading.Thread(target=start, args=(name, srv), daemon=True))
+            threads[-1].start()
+            if len(servers) > 1:
+                time.sleep(5)  # first compiles of a kernel by several servers at once would race for its cache entry
+        for t in threads:
+            t.join()
+        if errors:
+            name, e = next(iter(errors.items()))
+            raise served.ServerError(f"{name}: {e}")
+        log("  ready: " + ", ".join(f"{n} {took[n]:.0f} s" for n in servers))
+        return {name: work(name, srv) for name, srv in servers.items()}
+    finally:
+        for srv in servers.values():
             srv.stop()
-        runs[phase] = replies
+
+
+def sides(model: str, work: str, plan: dict, reqs, log, profile=run.CPU, together: bool = False, cal=None) -> dict:
+    """Each side of ``plan`` ({name: (args, env, storage dirs)}) through a first pass and a restart. ``together``: the
+    first passes' servers (and ``cal``'s, a (server, work) pair) start at once, then the restarts' (a GPU holds
+    several tiny servers); else one server at a time (a 2-core CPU would time the other servers' polling)."""
+
+    def server(name, phase):
+        args, env, _ = plan[name]
+        return served.Server(model, os.path.join(work, f"{name}_{phase}.log"), args=args, env=env,
+                             base_args=profile.base_args, base_env=dict(profile.base_env))
+
+    def measure(name, srv):
+        return _measure(srv, plan[name][0], reqs)
+
+    def drop(names):
+        for name in names:
+            if plan[name][2]:
+                log(f"[{name}] page cache dropped for {drop_page_cache(*plan[name][2])} storage files")
+
+    runs: dict = {name: {} for name in plan}
+    if together:
+        first = {name: server(name, "first") for name in plan}
+        if cal is not None:
+            first = {"calibrate": cal[0], **first}
+        log(f"[first pass] starting {', '.join(first)} together")
+        got = _group(first, lambda n, s: cal[1](s) if n == "calibrate" else measure(n, s), log)
+        if cal is not None:
+            runs["calibrate"] = got.pop("calibrate")
+        for name, replies in got.items():
+            runs[name]["first"] = replies
+        drop(plan)
+        log(f"[restart] starting {', '.join(plan)} together")
+        for name, replies in _group({name: server(name, "restart") for name in plan}, measure, log).items():
+            runs[name]["restart"] = replies
+    else:
+        if cal is not None:
+            runs["calibrate"] = _group({"calibrate": cal[0]}, lambda n, s: cal[1](s), log)["calibrate"]
+        for name in plan:
+            log(f"[{name}/first]")
+            runs[name]["first"] = _group({name: server(name, "first")}, measure, log)[name]
+            drop([name])
+            log(f"[{name}/restart]")
+            runs[name]["restart"] = _group({name: server(name, "restart")}, measure, log)[name]
+    return runs
+
+
+def summary(runs: dict) -> dict:
     r = runs["restart"]
     return {"storage_hit_tokens": sum(x.cached["storage"] for x in r),
             "device_hit_tokens": sum(x.cached["device"] for x in r),
@@ -97,23 +172,17 @@ def side(name: str, model: str, work: str, args, env, reqs, log, profile=run.CPU
             "ids_equal_first_pass": [x.output_ids for x in r] == [x.output_ids for x in runs["first"]]}
 
 
-def calibrate(model: str, work: str, reqs, log, profile=run.CPU) -> dict:
-    """TTFT of a cold prefill of the shared prefix vs a one-token prompt, on a plain server."""
-    srv = served.Server(model, os.path.join(work, "calibrate.log"), base_args=profile.base_args,
-                        base_env=dict(profile.base_env))
-    try:
-        srv.start_ready(600, progress=log)
-        system = [reqs[0][0], {"role": "user", "content": "x"}]
-        one = [{"role": "user", "content": "x"}]
-        served.chat(srv.url, one, max_tokens=1)  # warm-up
-        cold, tiny = [], []
-        for _ in range(3):
-            run._flush(srv.url)
-            cold.append(served.chat(srv.url, system, max_tokens=1).ttft_s)
-            run._flush(srv.url)
-            tiny.append(served.chat(srv.url, one, max_tokens=1).ttft_s)
-    finally:
-        srv.stop()
+def calibrate(srv: served.Server, reqs) -> dict:
+    """On a ready plain server: TTFT of a cold prefill of the shared prefix vs a one-token prompt."""
+    system = [reqs[0][0], {"role": "user", "content": "x"}]
+    one = [{"role": "user", "content": "x"}]
+    served.chat(srv.url, one, max_tokens=1)  # warm-up
+    cold, tiny = [], []
+    for _ in range(3):
+        run._flush(srv.url)
+        cold.append(served.chat(srv.url, system, max_tokens=1).ttft_s)
+        run._flush(srv.url)
+        tiny.append(served.chat(srv.url, one, max_tokens=1).ttft_s)
     return {"prefix_cold_ttft_s": served.median(cold), "one_token_ttft_s": served.median(tiny),
             "ratio": served.median(cold) / served.median(tiny)}
 
@@ -131,6 +200,8 @@ def main(argv=None) -> int:
                     "SGLang's copy kernels; gpu_bringup/served.py)")
     ap.add_argument("--layout", choices=("layer_first", "page_first"), default="layer_first")
     args = ap.parse_args(argv)
+    # a deadline's SIGTERM (served.sh's `timeout`) unwinds: every server started is stopped, none holds the GPU on
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     log = lambda s: print(s, flush=True)  # noqa: E731
     shutil.rmtree(args.dir, ignore_errors=True)
     os.makedirs(args.dir)
@@ -146,28 +217,32 @@ def main(argv=None) -> int:
     if args.gpu:
         from sglang_glm_ext.gpu_bringup import served as gpu_served
 
-        # bf16 (what serving runs); a device pool that holds the first pass's prompts, so the restart is what empties it
-        tokens = max(8192, 2 * sum(len(str(m)) for m in reqs))
-        prof = run.Profile(**gpu_served.profile(args.layout, dtype="bfloat16", max_total_tokens=tokens,
-                                                mem_fraction=0.5))
+        # bf16 (what serving runs); a device pool twice the first pass's distinct tokens (every conversation's last
+        # prompt, the shared system prompt once), so the restart is what empties it; four servers start together
+        # (`sides`), each with a small share of the GPU
+        last = [json.dumps(m) for m in reqs[-args.conversations:]]
+        distinct = sum(map(len, last)) - (len(last) - 1) * len(json.dumps(reqs[0][0]))
+        prof = run.Profile(**gpu_served.profile(args.layout, dtype="bfloat16", max_total_tokens=max(8192, 2 * distinct),
+                                                mem_fraction=0.15))
         hicache = prof.hicache_args
     else:
         prof, hicache = run.CPU, served.HICACHE_ARGS
     t0 = time.monotonic()
-    cal = calibrate(model, args.dir, reqs, log, prof)
+    file_dir, l3_dir = os.path.join(args.dir, "file_store"), os.path.join(args.dir, "l3")
+    plan = {
+        "a_hicache": ((*hicache, "--enable-metrics"), {}, ()),
+        "b_file": ((*hicache, "--hicache-storage-backend", "file", "--enable-metrics"),
+                   {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": file_dir}, (file_dir,)),
+        "c_l3": ((*hicache, "--enable-cp-l3", "--cp-l3-config", _l3_config(l3_dir), "--enable-metrics"), {}, (l3_dir,)),
+    }
+    cal_srv = served.Server(model, os.path.join(args.dir, "calibrate.log"), base_args=prof.base_args,
+                            base_env=dict(prof.base_env))
+    runs = sides(model, args.dir, plan, reqs, log, prof, together=args.gpu, cal=(cal_srv, lambda s: calibrate(s, reqs)))
+    cal = runs.pop("calibrate")
     log(f"calibration: cold prefill of the shared prefix {cal['prefix_cold_ttft_s'] * 1000:.0f} ms vs one-token "
         f"prompt {cal['one_token_ttft_s'] * 1000:.0f} ms = {cal['ratio']:.1f}x"
         + ("" if cal["ratio"] >= 10 else "  (BELOW 10x: raise --hidden/--layers for a meaningful comparison)"))
-    file_dir, l3_dir = os.path.join(args.dir, "file_store"), os.path.join(args.dir, "l3")
-    sides = {
-        "a_hicache": (hicache, {}, ()),
-        "b_file": ((*hicache, "--hicache-storage-backend", "file"),
-                   {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": file_dir}, (file_dir,)),
-        "c_l3": ((*hicache, "--enable-cp-l3", "--cp-l3-config", _l3_config(l3_dir)), {}, (l3_dir,)),
-    }
-    results = {}
-    for name, (sargs, env, storage) in sides.items():
-        results[name] = side(name, model, args.dir, (*sargs, "--enable-metrics"), env, reqs, log, prof, storage)
+    results = {name: summary(r) for name, r in runs.items()}
     base = results["a_hicache"]
 
     def ratio(a, b):

@@ -89,6 +89,21 @@ def _child(req: dict) -> None:
             os._exit(code)
 
 
+def _forked_cuda_is_poisoned() -> bool:
+    """Would a rank forked now fail with "Cannot re-initialize CUDA in forked subprocess"? A GPU is there and a
+    forked probe finds torch's fork poison armed: ``torch.cuda.is_initialized()`` is not the answer, for
+    ``torch.cuda.device_count()`` (which SGLang's imports call on a GPU machine) arms it without initializing CUDA
+    (seen on the lent H200). Without a GPU a forked rank never reaches CUDA, armed or not: ranks fork."""
+    torch = sys.modules.get("torch")
+    if torch is None or not getattr(torch.version, "cuda", None) or torch.cuda.device_count() == 0:
+        return False
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) != 0
+
+
 def _serve(preload: list[str]) -> None:
     """The zygote: import ``preload``, say READY, then fork a rank per request line on stdin; report each rank's pid
     and exit status on stdout. Single-threaded (forking a multi-threaded process is unsafe): one select loop that
@@ -101,10 +116,9 @@ def _serve(preload: list[str]) -> None:
     out = os.fdopen(os.dup(1), "w", buffering=1)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)  # what a preloaded module prints later never mixes into the protocol
-    # A CUDA context made by an import (SGLang on a GPU machine asks the device at import) does not survive a fork:
-    # the test's side then starts each rank as a fresh interpreter instead (Zygote.spawn).
-    torch = sys.modules.get("torch")
-    cuda = bool(torch is not None and torch.cuda.is_initialized())
+    # CUDA touched by an import (SGLang on a GPU machine asks the device at import) does not survive a fork: the
+    # test's side then starts each rank as a fresh interpreter instead (Zygote.spawn).
+    cuda = _forked_cuda_is_poisoned()
     out.write(json.dumps({"ready": round(time.monotonic() - t0, 2), "pid": os.getpid(), "cuda": cuda}) + "\n")
     children: set[int] = set()
     buf = b""

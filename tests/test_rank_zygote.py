@@ -82,6 +82,18 @@ def test_the_sglang_python_parent_imported_sglang_but_never_the_plugin(sglang_py
     assert got.returncode == 5 and got.stdout.split("\n")[0] == "['sglang', 'torch']", (got.stdout, got.stderr)
 
 
+@pytest.mark.gpu(reason="proves the zygote sees what SGLang's imports do to a GPU machine: torch.cuda.device_count() "
+                        "arms torch's fork poison without initializing CUDA, so ranks start fresh and reach the GPU")
+def test_a_zygote_whose_imports_asked_the_gpu_count_starts_ranks_that_can_use_cuda(tmp_path):
+    (tmp_path / "asks_count.py").write_text("import torch\nassert torch.cuda.device_count() > 0\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    code = "import torch; print(float(torch.ones(4, device='cuda').sum()))"
+    with Zygote(["asks_count"], env=env) as z:
+        assert z.cuda is True  # not torch.cuda.is_initialized(), which stays False there
+        got = z.run(code=code, timeout=120)
+    assert got.returncode == 0 and got.stdout.strip() == "4.0", got.stderr
+
+
 def test_a_zygote_holding_a_cuda_context_starts_each_rank_fresh_with_the_same_contract(script, tmp_path):
     """On a GPU machine SGLang's imports make a CUDA context in the zygote, which a forked child cannot use ("Cannot
     re-initialize CUDA in forked subprocess", seen on the lent H200): ranks then start as fresh interpreters, with the

@@ -77,17 +77,18 @@ if [ ${#TARGETS[@]} -gt 0 ]; then
 fi
 
 if [ -n "$BENCH" ] && [ "$(left)" -gt 60 ]; then
-    # with --gpu-tests, GPU_TESTS_S seconds (default 100) are kept for them
+    # with --gpu-tests, GPU_TESTS_S seconds (default 150) are kept for them
     # shellcheck disable=SC2086
-    timeout "$(( $(left) - 15 - (GPU_TESTS ? ${GPU_TESTS_S:-100} : 0) ))" python3 benchmark/cpu_server_bench.py --gpu \
+    timeout "$(( $(left) - 15 - (GPU_TESTS ? ${GPU_TESTS_S:-150} : 0) ))" python3 benchmark/cpu_server_bench.py --gpu \
         --dir /tmp/bench $BENCH \
         >"$OUT/bench.log" 2>&1
     echo "served.sh: bench exit $?"; tail -n 8 "$OUT/bench.log"
 fi
 
 if [ "$GPU_TESTS" = 1 ] && [ "$(left)" -gt 60 ]; then
-    PYTHONPATH=$SHADOW:$PYTHONPATH timeout "$(( $(left) - 15 ))" python3 -m pytest -m gpu -rA -v -p no:cacheprovider \
-        tests >"$OUT/pytest_gpu.log" 2>&1
+    # SIGINT at the deadline: pytest stops there and still prints its summary with every failure so far
+    PYTHONPATH=$SHADOW:$PYTHONPATH timeout -s INT -k 20 "$(( $(left) - 35 ))" python3 -m pytest -m gpu -rA -v \
+        -p no:cacheprovider tests >"$OUT/pytest_gpu.log" 2>&1
     echo "served.sh: GPU-marked tests exit $? ($(tail -n 1 "$OUT/pytest_gpu.log"))"
 fi
 
