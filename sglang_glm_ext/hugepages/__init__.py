@@ -23,7 +23,7 @@ ENOMEM becomes the same clear error. Pages a NUMA node or cgroup cannot give at 
 ignores those, a later touch would SIGBUS) are caught by MADV_POPULATE_WRITE right after the mapping.
 
 `hugepages` is the name the hugepage work shipped with (its patches are `hugepages.*`). It is a folder apart from
-`host_register/` (the cudaHostRegister ceiling on the same pool; both were `hostmem/` before issue 23): they share
+`host_register/` (the cudaHostRegister ceiling on the same pool; both were `hostmem/` before): they share
 no code, and a hugepage patch that fails after an SGLang upgrade must not mark the ceiling check unavailable (nor
 the reverse).
 """

@@ -109,7 +109,7 @@ def page_array(obj, *, writable: bool) -> np.ndarray:
     A page is a buffer's bytes in memory order. Only a C-contiguous buffer has its memory order equal to its
     logical order, so only such a buffer qualifies, on spill and on reload alike: for a Fortran-ordered or strided
     array numpy's ``reshape(-1)`` returns a copy, and a reload written into that copy would be acknowledged while
-    the caller's array stays untouched (issue 7, item 1).
+    the caller's array stays untouched.
     """
     if isinstance(obj, np.ndarray):
         if not obj.flags.c_contiguous:

@@ -1,6 +1,6 @@
 """Directory helpers shared by the slabs, the sidecars and the index.
 
-Two rules (issue 7, item 2 and the directory-fsync finding):
+Two rules:
 
 * Create what is missing owner-only; never re-permission what exists. An existing directory may be an operator's
   mount point, a directory shared with other tools, or a parent several deployments live under: its mode is the

@@ -2,7 +2,7 @@
 
 A cold start deletes (deployment, rank)'s index entries, so a second live store of the same deployment and rank
 on the node's index (each with its own disk directory, which the slab lock cannot see) would delete the first one's
-live pages (issue 7, item 3). ``open`` takes this lock before it creates or deletes anything.
+live pages. ``open`` takes this lock before it creates or deletes anything.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class OwnerLock:
 
     Invariant: while a store of (deployment, rank) is open on an index, it is the only one, on this node and in
     this process. A cold start deletes (deployment, rank)'s index entries, so a second live owner would delete
-    the first one's live pages (issue 7, item 3). The kernel drops the lock when its holder dies (SIGKILL
+    the first one's live pages. The kernel drops the lock when its holder dies (SIGKILL
     included), so a crashed server never blocks its restart. ``flock`` belongs to the open file description, so a
     second ``open()`` in the same process conflicts too; the in-process registry only lets the error say so.
     The file's contents (pid, host, slab dir) are for the error message; the lock alone is authoritative.

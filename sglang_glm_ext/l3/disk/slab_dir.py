@@ -2,7 +2,7 @@
 
 One slab per (kind, slot size): ``<kind>.slab`` is the first; a slab of another slot size under the same deployment
 and rank (a model with another page size: an upgrade, or two models taking turns) gets its own file beside it,
-``<kind>.s<slot_bytes>.slab`` (issue 20, item 6). :func:`slab_path_for` is the one rule that names the file of a
+``<kind>.s<slot_bytes>.slab``. :func:`slab_path_for` is the one rule that names the file of a
 (kind, slot size), for the owner and for every reader; :func:`kind_slabs` lists a kind's files.
 
 The sidecar (``<slab>.meta.json``, written by the owner at open) records what the slab file cannot say about itself:
@@ -69,7 +69,7 @@ def kind_slabs(config: L3Config, rank: int, kind: PayloadKind, disk: int | None 
 
 
 def slab_namespaces(meta: "dict | None") -> set[bytes]:
-    """The namespace digests a sidecar says have owned its slab (sidecars before issue 20 name only the last)."""
+    """The namespace digests a sidecar says have owned its slab (older sidecars name only the last)."""
     out: set[bytes] = set()
     if not isinstance(meta, dict):
         return out

@@ -6,7 +6,7 @@ thread exists (so it alone touches the pools and LRUs here).
 * ``load``: rebuild the slot pools and LRUs from the index entries alone -- one scan of the deployment's key
   range, no slab read -- so it costs O(entries), whatever the page size and the disk (seconds per million pages,
   not one 4 KiB read per page). A load keeps every entry of this rank it can prove valid, WHATEVER ITS NAMESPACE
-  (issue 20, item 6: two models taking turns on one L3 directory no longer evict each other at every restart): an
+  (two models taking turns on one L3 directory no longer evict each other at every restart): an
   entry is kept if the slab it names is one this build may keep (see below), it names this rank's disk and a slot
   in range, and no newer entry names the same slot. Entries of this slab's other namespaces occupy their slots and
   join the same GC LRU (coldest first, any namespace); only ``clear`` and GC remove them. Every other entry of

@@ -4,10 +4,10 @@ Per commit: wait for every page's write -> one fdatasync per slab -> ONE index t
 (LMDB ``sync=True``) -> a :class:`~.messages.WriteResult` per page, handed back to the writer one batch at a time, in
 order. A commit the file system refuses (a full disk) is resolved against the index page by page, so every page comes
 back with an outcome that says whether its slot is referenced: a failed commit never keeps a slot it does not need
-(issue 20, item 1). Without this overlap spill reached about 0.5x of raw on the dev VM. The committer never touches
+Without this overlap spill reached about 0.5x of raw on the dev VM. The committer never touches
 a pool or the LRU: the writer applies every result, so those keep one owner.
 
-Group commit (issue 28): a commit takes every batch already waiting in its queue (up to :data:`GROUP_MAX`), so one
+Group commit: a commit takes every batch already waiting in its queue (up to :data:`GROUP_MAX`), so one
 fdatasync and one index transaction (two device flushes in LMDB) cover them all. Measured on the dev VM (1 MiB pages,
 1 GB): one commit per batch kept this thread busy for 0.28-0.38 s of a 0.42-0.54 s spill -- 8-15 ms per 32-page
 commit, the writes long finished (it was the spill's bottleneck) -- and grouping cut that to 0.08-0.14 s, so the

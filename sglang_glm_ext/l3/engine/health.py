@@ -3,7 +3,7 @@
 A write path (the slab writes, the index commits) is *ok* or *failing*. A full or failing disk makes every batch,
 GC round and touch fail the same way, many times a second: each failure is counted (the store's counters) and
 reported here, but the log hears of it only when the state changes -- the first failure, the recovery -- and, while
-it lasts, at most once per :data:`REPEAT_S` with a count: never a line or a traceback per round (issue 20, item 1).
+it lasts, at most once per :data:`REPEAT_S` with a count: never a line or a traceback per round.
 
 No flapping: a path that failed is back to *ok* only after :data:`SETTLE_OK` successes in a row or one success
 :data:`SETTLE_S` after its last failure, and a new episode is logged at most once per :data:`MIN_GAP_S` (its

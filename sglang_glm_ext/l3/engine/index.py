@@ -25,7 +25,7 @@ Invariants:
 LMDB's own lock file makes the environment safe for several processes (``lock=True``); write transactions are
 serialised across processes by it.
 
-No bytes in ``data.mdb`` may crash a process (issue 24, item 2): LMDB trusts every page number and offset in the file
+No bytes in ``data.mdb`` may crash a process: LMDB trusts every page number and offset in the file
 it maps, so a process's first open of an index runs inside :func:`index_check.guarded`, which proves the file sound
 with bounded preads before anything maps it, and moves a damaged file aside for a new index of what it can prove
 (``index.check``, ``index.on_damage``; index_check.py says how).
@@ -199,7 +199,7 @@ def _lmdb_open(path: str, map_size: int, readonly: bool, max_readers: int) -> lm
         raise OSError(f"L3 index: cannot open LMDB environment at {path!r}: {e}") from e
 
 
-# TEST-ONLY: open without the guard (the open before issue 24, item 2), so the bit-rot tests and the bench can show
+# TEST-ONLY: open without the guard (the open before the guard existed), so the bit-rot tests and the bench can show
 # that the flips they make do break an unguarded open (their negative control) and time it as "today". Nothing else
 # may set it: an unguarded open maps a file nobody proved, and a flipped byte in it can kill the process.
 _UNGUARDED_FOR_TESTS = False

@@ -8,7 +8,7 @@ rank has one state per kind, as before.
 The writer thread is the only one that touches ``pool``, ``lru`` and ``retired`` once it runs (no lock on any);
 the cold start fills them before the writer exists. Every other thread reads only the fixed fields.
 
-Several geometries under one budget (issue 20, item 6): a slab of this kind with another slot size under the same
+Several geometries under one budget: a slab of this kind with another slot size under the same
 deployment and rank (an older model's, or one that takes turns with this one) is a :class:`RetiredSlab` here: its
 pages stay (this store never writes it), GC reclaims them by the same LRU as this slab's pages, and the space they
 hold counts against this kind's share of the budget, so this slab's capacity (``pool.limit``) is what they leave

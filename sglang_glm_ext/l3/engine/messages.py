@@ -57,7 +57,7 @@ class StagedPage:
     readers: int = 0
     retired: bool = False
     # Acknowledged to the caller before it is durable (a write-behind spill answered True): counted, with its age,
-    # in stats()' acked_not_durable_* until it is finished or cancelled (issue 20, item 7).
+    # in stats()' acked_not_durable_* until it is finished or cancelled.
     acked: bool = False
     nbytes: int = 0  # payload bytes (what the acknowledged-not-durable bytes add up)
     staged_at: float = 0.0  # time.monotonic() when staged
@@ -120,7 +120,7 @@ class Failure:
     Never an exception object: an exception keeps its traceback, whose frames hold slices of the staging buffer
     (the ``data`` pwrite was given), so the buffer stays exported -- unmappable -- for as long as the exception
     is referenced (a future, a result list, a log record kept by a handler). That made the staging pool's
-    next unmap of it fail with BufferError and drop later spills (issue 7, item 7)."""
+    next unmap of it fail with BufferError and drop later spills."""
 
     errno: "int | None"
     message: str

@@ -1,4 +1,4 @@
-"""A rank's slabs of one payload kind: the one it writes, and those of other slot sizes beside it (issue 20, item 6).
+"""A rank's slabs of one payload kind: the one it writes, and those of other slot sizes beside it.
 
 One deployment and rank can meet several page sizes over time: a model upgrade (another layer count), or two models
 taking turns on one L3 directory. Each slot size has its own file (``slab_dir.slab_path_for``); the store writes the

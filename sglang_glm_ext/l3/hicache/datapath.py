@@ -79,7 +79,7 @@ def indices_np(host_indices) -> np.ndarray:
 
 class DataPath:
     """One attach's data path: its store handle, its writer plan and what SGLang's ``batch_set`` waits for
-    (staging room up to ``wait`` s; with ``durable`` the pages' durability too: issue 20, items 7 and 8)."""
+    (staging room up to ``wait`` s; with ``durable`` the pages' durability too)."""
 
     def __init__(self, store, writers: WriterPlan, counters: BackendCounters, samples: Samples, *, wait: float,
                  durable: bool):

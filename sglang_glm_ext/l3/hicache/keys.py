@@ -9,7 +9,7 @@ else is hashed under a domain tag (a collision with a hex key would need a BLAKE
 Namespaces. Two deployments whose bytes mean different things must never read each other's pages, even on one
 disk and one index. :class:`NamespaceSpec` lists every field that changes what a page's bytes mean, and
 :meth:`NamespaceSpec.to_namespace` folds all of them but the deployment into the engine's ``format.Namespace``;
-the store binds the deployment itself (``Namespace.digest_for(deployment_id)``, issue 7: in every blob header and
+the store binds the deployment itself (``Namespace.digest_for(deployment_id)``: in every blob header and
 index key), so it is counted once, there. :meth:`NamespaceSpec.sealed_digest` is that digest. SGLang's
 ``HiCacheStorageConfig`` (0.5.23) carries no KV dtype (TODO in ``srt/mem_cache/hicache_storage.py``, SGLang issue
 #33268): the plugin supplies it (``hooks.py``).

@@ -7,7 +7,7 @@ A small sweep of (iodepth x numjobs) points at one block size, each one fio proc
   A sweep point runs for a time over a file it keeps, so it measures writes over blocks already written; ``point(...,
   fresh=True)`` is the same point as ONE pass over a file just preallocated (``posix_fallocate``; the store's slabs
   use fallocate(2) mode 0, the same unwritten extents on ext4 / xfs): on ext4 every such write also converts an
-  unwritten extent, which costs 25-35 % here (issue 28);
+  unwritten extent, which costs 25-35 % here;
 * ``kind="read"``: random O_DIRECT read of whole blocks over the file, shared by all jobs (a reload reads scattered
   slots) -- the reference for reload.
 
