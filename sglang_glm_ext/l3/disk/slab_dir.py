@@ -92,12 +92,15 @@ def remove_slab(path: str) -> None:
 
 
 def read_slab_meta(path: str) -> dict | None:
-    """The JSON sidecar (``<slab>.meta.json``) the owner writes at open: slot size and count for readers / fsck."""
+    """The JSON sidecar (``<slab>.meta.json``) the owner writes at open: slot size and count for readers / fsck.
+    None where there is none, or it is not a JSON object (a hand edit, a damaged file: every reader treats it as
+    absent instead of failing on ``.get``)."""
     try:
         with open(path + ".meta.json", "r") as f:
-            return json.load(f)
+            meta = json.load(f)
     except (OSError, ValueError):
         return None
+    return meta if isinstance(meta, dict) else None
 
 
 def write_slab_meta(path: str, meta: dict) -> None:
