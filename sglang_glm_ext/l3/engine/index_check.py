@@ -4,8 +4,8 @@ LMDB maps ``data.mdb`` and trusts every page number, offset and length in it: a 
 the end of the file (SIGBUS), outside the map (SIGSEGV) or into an assertion (SIGABRT), at open, in the cold-start
 walk, in a lookup or in a later write, and no caller can catch a signal. So a process must not map a file nobody has
 proven sound, and the proof must be made by code that cannot crash on it. This module makes it, around a process's
-first ``lmdb.open`` of an index (:func:`guarded`, called by ``L3Index.open``); it imports only the standard library
-and ``lmdb``.
+first ``lmdb.open`` of an index (:func:`guarded`, called by ``L3Index.open``); it imports only the standard library,
+``lmdb`` and the config's mode names (``config_table``, standard library only).
 
 1. **Gate** (node-wide: the index is one file for every rank and deployment of the node). ``flock(index.gate)``,
    held from before the check until this process's own ``lmdb.open`` returned, serialises the first opens of every
@@ -65,11 +65,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+# The config's index.check / index.on_damage values (a server's open); tools may also "refuse" a damaged index.
+from ..config_table import INDEX_CHECK_MODES as CHECK_MODES, INDEX_ON_DAMAGE as ON_DAMAGE
+
 __all__ = ["CHECK_MODES", "ON_DAMAGE", "GATE_FILE", "Verdict", "Damaged", "check_index", "salvage_records",
            "rebuild_index", "guarded"]
 
-CHECK_MODES = ("fast", "full")
-ON_DAMAGE = ("salvage", "reset")  # what a server's open does with a damaged index; tools may also "refuse"
 GATE_FILE = "index.gate"
 GATE_TIMEOUT_S = 600.0  # a first opener checks ~1-3 s per million entries (full); the others wait this long at most
 _DB_NAME = b"pages"
