@@ -227,6 +227,9 @@ class Patch:
     signature: tuple[str, ...]
     # sha256[:16] of the target's source at the time the hook was written (drift check, vllm-sail style).
     source_sha: str = ""
+    # Ids of AFTER patches on the same target whose hooks must run before this one's on every call: the ledger
+    # applies them first (so they sit inside this one's wrapper) and fails this patch where they do not.
+    after: tuple[str, ...] = ()
 
     def resolve_hook(self) -> Callable:
         module, _, name = self.hook.partition(":")

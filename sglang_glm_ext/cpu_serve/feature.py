@@ -6,14 +6,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from ..declare import EnvVar, Feature, refuse_tier
-
-USE_CPU_ENGINE = "SGLANG_USE_CPU_ENGINE"  # SGLang's own switch (utils/common.py is_cpu())
-CPU_SERVE = EnvVar(
-    "SGLANG_GLM_EXT_CPU_SERVE", "0",
-    "1 = serve on a CPU-only machine (--device cpu, SGLANG_USE_CPU_ENGINE=1): an sgl_kernel stand-in, pageable host "
-    "pools and torch copies for HiCache, GLM-5's indexer K cache and MLA dispatch (docs_internal/cpu_serve.md). "
-    "Refused where an accelerator or a real sgl_kernel is present.",
-)
+# The switch is declared where the gate reads it; re-exported here, the feature's face.
+from .gate import CPU_SERVE, USE_CPU_ENGINE, refusal_reason  # noqa: F401
 
 PERTURB_LOADS = EnvVar(
     "SGLANG_GLM_EXT_CPU_SERVE_PERTURB_LOADS", "0",
@@ -24,8 +18,6 @@ PERTURB_LOADS = EnvVar(
 
 def validate(values: Mapping[str, Any]) -> None:
     """With the mode on: refuse (one line) where it cannot run; the --device check needs the record (hooks.py)."""
-    from .gate import refusal_reason
-
     refuse_tier(CPU_SERVE, refusal_reason)
 
 

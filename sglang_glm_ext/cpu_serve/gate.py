@@ -18,7 +18,14 @@ import os
 import sys
 
 from .. import declare
-from .feature import CPU_SERVE, USE_CPU_ENGINE
+
+USE_CPU_ENGINE = "SGLANG_USE_CPU_ENGINE"  # SGLang's own switch (utils/common.py is_cpu())
+CPU_SERVE = declare.EnvVar(
+    "SGLANG_GLM_EXT_CPU_SERVE", "0",
+    "1 = serve on a CPU-only machine (--device cpu, SGLANG_USE_CPU_ENGINE=1): an sgl_kernel stand-in, pageable host "
+    "pools and torch copies for HiCache, GLM-5's indexer K cache and MLA dispatch (docs_internal/cpu_serve.md). "
+    "Refused where an accelerator or a real sgl_kernel is present.",
+)
 
 SHADOW_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_shadow")
 STANDIN_MODULE = "sgl_kernel"

@@ -12,7 +12,23 @@ from __future__ import annotations
 import os
 
 from .. import declare
-from .feature import GPU_BRINGUP, REQUIRED
+
+GPU_BRINGUP = declare.EnvVar(
+    "SGLANG_GLM_EXT_GPU_BRINGUP", "0",
+    "1 = serve on a CUDA GPU without a real sgl_kernel (a torch no sgl-kernel build matches): stand-ins for the "
+    "sgl_kernel names SGLang 0.5.23 calls (docs_internal/gpu_bringup.md), named in a warning at start. Bring-up and "
+    "tests only. Refused where a real sgl_kernel imports or no CUDA GPU is visible.",
+)
+# SGLang's own settings a node without sgl-kernel needs (docs_internal/gpu_bringup.md says why), as (name, value,
+# why): the launch is refused without the first two; the third is needed by GLM-5's DSA indexer without deep_gemm.
+RADIX_CORE = ("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "python",
+              "the bundled Rust radix-tree core is built against the torch sgl-kernel pins and misreads tensors under "
+              "another (ValueError: insert value must be an int64 tensor, at the first radix insert)")
+SKIP_KERNEL_CHECK = ("SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK", "1",
+                     "launch_server asserts an installed sglang-kernel distribution >= 0.4.9")
+INDEXER_TORCH = ("SGLANG_FP8_PAGED_MQA_LOGITS_TORCH", "1",
+                 "GLM-5's DSA indexer imports deep_gemm while the model is built unless its torch path is chosen")
+REQUIRED = (RADIX_CORE, SKIP_KERNEL_CHECK)
 
 CPU_SERVE_SWITCH = "SGLANG_GLM_EXT_CPU_SERVE"  # cpu_serve's switch (a name, not an import: features stay apart)
 SHADOW_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_shadow")

@@ -6,9 +6,9 @@
 * the top-level ``"l3"`` section: the backend class SGLang will build, the extra config the flag hook resolves to,
   and the L3 state on disk (index entries of this deployment, slabs per rank).
 
-The config is loaded and checked once (``feature.check_config``, the launch's own check, so doctor and a launch
-refuse in the same words). Read-only: the index is opened read-only (LMDB allows it next to a running server),
-slabs are only stat'ed and their JSON sidecars read.
+The config is read and checked as a launch does it (``launch.plan_launch``, one read of the file per process, so
+doctor and a launch refuse in the same words). Read-only: the index is opened read-only (LMDB allows it next to a
+running server), slabs are only stat'ed and their JSON sidecars read.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from ..declare import DoctorInput, DoctorPart, DoctorReporter, PluginFlagError
 from .feature import CP_L3_CONFIG, ENABLE_CP_L3
+from .launch import load_config, plan_launch
 
 __all__ = ["report", "l3_paths", "render", "render_section", "render_checksum", "REPORTER"]
 
@@ -28,9 +29,10 @@ FIX = ("correct what it names in the --cp-l3-config file or on its disks (a writ
 
 def report(inp: DoctorInput) -> DoctorPart:
     path = inp.values.get(CP_L3_CONFIG.name)
-    cfg, problems = _load(path, bool(ENABLE_CP_L3.value_in(inp.values)))
+    enabled = bool(ENABLE_CP_L3.value_in(inp.values))
+    cfg, plan, problems = _load(path, enabled)
     rows = l3_paths(cfg, path, problems) if cfg is not None else []
-    section = _section(inp.values, cfg, problems)
+    section = _section(enabled, path, cfg, plan, problems)
     return DoctorPart({"l3_paths": rows, "l3_checksum": _checksum()}, tuple(dict.fromkeys(problems)),
                       sections={"l3": section}, fix=FIX)
 
@@ -58,24 +60,20 @@ def render_checksum(row: dict) -> list[str]:
 
 
 def _load(path: str | None, enabled: bool):
-    """(config or None, problems): the config parsed once; with L3 switched on, the launch check's refusal (if
-    any) as the problem."""
-    if not path:
-        return None, []
-    from .config import L3Config, L3ConfigError
-    from .feature import check_config
-
-    try:
-        cfg = L3Config.load_once(path)
-    except (L3ConfigError, OSError) as exc:
-        return None, [f"--cp-l3-config {path}: {exc}"]
+    """(config or None, launch plan or None, problems): the config as the launch reads it (its disks are shown
+    whether or not L3 is on); with L3 switched on, the launch's own plan, or its refusal as the problem."""
+    cfg = None
+    if path:
+        try:
+            cfg = load_config(path)
+        except PluginFlagError as exc:
+            return None, None, [str(exc)]
     if not enabled:
-        return cfg, []
+        return cfg, None, []
     try:
-        check_config(path)
+        return cfg, plan_launch(True, path), []
     except PluginFlagError as exc:
-        return cfg, [str(exc)]
-    return cfg, []
+        return cfg, None, [str(exc)]
 
 
 def l3_paths(cfg, config_path: str, problems: list[str]) -> list[dict[str, Any]]:
@@ -94,23 +92,19 @@ def l3_paths(cfg, config_path: str, problems: list[str]) -> list[dict[str, Any]]
     return rows
 
 
-def _section(values: dict, cfg, problems: list[str]) -> dict:
+def _section(enabled: bool, path: str | None, cfg, plan, problems: list[str]) -> dict:
     """The "l3" section of doctor's JSON."""
     from .hicache import extra_config
 
-    if not ENABLE_CP_L3.value_in(values):
+    if not enabled:
         return {"active": False}
-    path = CP_L3_CONFIG.value_in(values)
     out: dict[str, Any] = {"active": True,
                            "backend_class": f"{extra_config.MODULE_PATH}.{extra_config.CLASS_NAME}",
                            "hicache_storage_backend": "dynamic", "config": path}
-    if cfg is None or problems:
-        out["error"] = problems[0] if problems else \
-            "--enable-cp-l3 needs --cp-l3-config PATH (write one: sglang-glm-ext l3 example-config)"
-        if not problems:
-            problems.append(out["error"])
+    if plan is None or problems:  # the plan's refusal, or a problem of a configured path
+        out["error"] = problems[0]
         return out
-    out["extra_config"] = extra_config.build(path)
+    out["extra_config"] = dict(plan.extra_config)
     out["state"] = {"deployment_id": cfg.deployment_id, "cold_start": cfg.cold_start, "ack": cfg.ack,
                     "wait_ms": cfg.wait_ms, "ranks": cfg.num_ranks,
                     "require_plp": cfg.require_plp, "plp": cfg.plp, "index": _index_state(cfg),

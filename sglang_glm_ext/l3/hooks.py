@@ -1,7 +1,7 @@
 """Thin hooks that put the L3 backend into SGLang's own storage mechanism (declared in ``l3/patches.py``).
 
 ``l3.translate_flags`` (BEFORE ``ServerArgs.resolve_once``): ``--enable-cp-l3 --cp-l3-config PATH`` becomes
-``hicache_storage_backend="dynamic"`` + ``hicache_storage_backend_extra_config`` (``extra_config.extra_config``) on the
+``hicache_storage_backend="dynamic"`` + ``hicache_storage_backend_extra_config`` (``launch.plan_launch``) on the
 record before SGLang resolves it, so SGLang's own checks run on the result (among them its refusal of storage
 with ``--enable-kv-cache-sharding``). A registered backend name is not possible in 0.5.23 (the factory's
 registered-name path ends in "Unknown built-in backend" and the CLI restricts the choices). Every way a record
@@ -9,8 +9,9 @@ is built reaches ``resolve_once``: ``launch_server`` / ``sglang serve``, ``--con
 CLI namespace) and ``Engine(...)``.
 
 ``l3.translate_flags_cli`` (AFTER ``ServerArgs.from_cli_args``, after the plugin's own flag hook attached the
-values): the same translation for a command line, so a CLI user gets a one-line ``sglang-glm-ext: ...`` exit
-instead of a traceback from ``resolve_once``.
+values: the patch declares ``after=("flags.from_cli",)`` and the ledger applies and checks that order): the same
+translation for a command line, so a CLI user gets a one-line ``sglang-glm-ext: ...`` exit instead of a traceback
+from ``resolve_once``.
 
 ``l3.storage_kv_dtype`` (AFTER ``HiCacheController._generate_storage_config``): SGLang's ``HiCacheStorageConfig``
 has no KV dtype (0.5.23 TODO, issue #33268); for the plugin's backend only, the controller's device pool dtype is
@@ -28,13 +29,12 @@ the pages it owns (``owners.WriterPlan``), acknowledging the others as the owner
 
 from __future__ import annotations
 
-import json
 import sys
-from typing import Any
 
 from ..declare import PluginFlagError, carried_values
-from .feature import CP_L3_CONFIG, ENABLE_CP_L3, check_config
-from .hicache import extra_config, parts
+from .feature import CP_L3_CONFIG, ENABLE_CP_L3
+from .hicache import extra_config
+from .launch import plan_launch
 
 __all__ = ["translate", "hook_resolve_once", "hook_from_cli_args", "hook_storage_config", "hook_cp_writers",
            "sync_group_ranks", "server_launched", "TRANSLATED_ATTR", "ALL_REPLICAS_WRITE_ATTR"]
@@ -49,63 +49,22 @@ def server_launched() -> bool:
     return _LAUNCHED
 
 
-def _user_extra(raw: Any) -> dict:
-    if raw in (None, ""):
-        return {}
-    if isinstance(raw, dict):
-        return dict(raw)
-    if isinstance(raw, str) and raw.startswith("@"):
-        raise PluginFlagError("--hicache-storage-backend-extra-config @FILE cannot be combined with --enable-cp-l3; "
-                              f"pass SGLang's keys inline as JSON ({', '.join(extra_config.SGLANG_CONTROLLER_KEYS)})")
-    try:
-        val = json.loads(raw)
-    except (TypeError, ValueError) as exc:
-        raise PluginFlagError(f"--hicache-storage-backend-extra-config is not JSON: {exc}") from exc
-    if not isinstance(val, dict):
-        raise PluginFlagError("--hicache-storage-backend-extra-config must be a JSON object")
-    return val
-
-
 def translate(server_args) -> bool:
     """Turn the plugin's L3 flags on ``server_args`` into SGLang's storage-backend fields, once. True when it did.
 
-    Raises PluginFlagError (a ValueError; the CLI hook turns it into a one-line exit) before serving when:
-    HiCache is off, a storage backend is already named, KV-cache sharding or decode context parallelism is on (each
-    with its reason), buffer_only host memory is asked for, or the config is missing, invalid, unwritable, or
-    requires PLP on a disk not known safe.
+    Raises PluginFlagError (a ValueError; the CLI hook turns it into a one-line exit) before serving where
+    ``launch.plan_launch`` refuses the launch (it says what it checks).
     """
     if getattr(server_args, "_resolution_finished", False) or getattr(server_args, TRANSLATED_ATTR, None):
         return False
     values = carried_values(server_args)
-    if not ENABLE_CP_L3.value_in(values):
+    plan = plan_launch(ENABLE_CP_L3.value_in(values), CP_L3_CONFIG.value_in(values), server_args)
+    if plan is None:
         return False
-    if not getattr(server_args, "enable_hierarchical_cache", False):
-        raise PluginFlagError("--enable-cp-l3 needs --enable-hierarchical-cache: L3 is HiCache's storage tier, "
-                              "below the host-memory (L2) cache")
-    named = getattr(server_args, "hicache_storage_backend", None)
-    if named is not None:
-        raise PluginFlagError(f"--enable-cp-l3 selects the HiCache storage backend itself; drop "
-                              f"--hicache-storage-backend {named}")
-    # --enable-dsa-cache-layer-split is served: each CP rank spills and reloads its own layers under a namespace
-    # naming its part (hicache/parts.py, plan.py; docs_internal/l3_cp.md). The two modes below stay refused.
-    if getattr(server_args, "enable_kv_cache_sharding", False):
-        raise PluginFlagError(f"--enable-cp-l3 does not serve --enable-kv-cache-sharding: "
-                              f"{parts.KV_SHARDING_REFUSED}")
-    if int(getattr(server_args, "dcp_size", 1) or 1) > 1:
-        raise PluginFlagError(f"--enable-cp-l3 does not serve decode context parallelism (--dcp-size > 1): "
-                              f"{parts.DCP_REFUSED}")
-    if getattr(server_args, "hicache_host_memory_mode", "cache") != "cache":
-        raise PluginFlagError("--enable-cp-l3 needs --hicache-host-memory-mode cache (buffer_only is not served)")
-    path = CP_L3_CONFIG.value_in(values)
-    cfg = check_config(path)
-    try:
-        extra = extra_config.build(path,
-                                    _user_extra(getattr(server_args, "hicache_storage_backend_extra_config", None)))
-    except ValueError as exc:
-        raise PluginFlagError(str(exc)) from exc
     server_args.hicache_storage_backend = "dynamic"
-    server_args.hicache_storage_backend_extra_config = json.dumps(extra, sort_keys=True)
-    setattr(server_args, TRANSLATED_ATTR, {"extra_config": extra, "deployment_id": cfg.deployment_id})
+    server_args.hicache_storage_backend_extra_config = plan.extra_config_json()
+    setattr(server_args, TRANSLATED_ATTR, {"extra_config": dict(plan.extra_config),
+                                           "deployment_id": plan.deployment_id})
     return True
 
 
@@ -125,8 +84,8 @@ def hook_resolve_once(self, *args, **kwargs):
 
 
 def hook_from_cli_args(server_args, cls, ns, *args, **kwargs):
-    """AFTER ServerArgs.from_cli_args (outside the plugin's flag hook, which attached the values): translate now,
-    so a command-line user gets one clear line, not a traceback from resolve_once."""
+    """AFTER ServerArgs.from_cli_args, after the plugin's flag hook attached the values (the patch's ``after``):
+    translate now, so a command-line user gets one clear line, not a traceback from resolve_once."""
     try:
         translate(server_args)
     except PluginFlagError as exc:

@@ -35,13 +35,14 @@ PATCHES: tuple[Patch, ...] = (
         hook_type="after",
         hook="sglang_glm_ext.l3.hooks:hook_from_cli_args",
         reason="The same translation as l3.translate_flags for a command line (launch_server, serve, --config "
-        "YAML), right after the plugin's flag hook (flags.from_cli, applied first, so wrapped inside this one) "
-        "attached the values: a CLI user gets a one-line 'sglang-glm-ext: ...' exit before anything starts, not "
-        "a traceback from resolve_once. translate() runs once per record, so resolve_once then finds it done.",
+        "YAML), right after the plugin's flag hook attached the values (after=flags.from_cli): a CLI user gets a "
+        "one-line 'sglang-glm-ext: ...' exit before anything starts, not a traceback from resolve_once. "
+        "translate() runs once per record, so resolve_once then finds it done.",
         seed_lines="458-486 (--enable-cp-l3, --cp-l3-config)",
         remove_when="SGLang accepts plugin-registered storage backend names and plugin server-arg fields.",
         signature=("cls", "args"),
         source_sha="32152825e268b6da",
+        after=("flags.from_cli",),  # it reads the values that hook attaches
     ),
     patch(
         id="l3.storage_kv_dtype",

@@ -23,7 +23,8 @@ kernel's ids and weights), `glm4` (a GLM-4 block's plan and the arguments handed
 counters), `guard` (startup refusals and what the miss path serves), `fp4_layout`
 (FP4 recipes and scale-group checks, the MegaMoE shape rule, NVFP4 alphas, the MegaMoE views of the TRTLLM
 tensors, memory accounting), `hardware` (which MegaMoE kernels this machine and its deep_gemm can run).
-The SGLang side: `hooks` (GLM MoE layers, launch and load checks), `miss_hooks` (the miss path's layouts and
+The SGLang side: `reads` (what both hook files read off a layer: the switch, gate inputs, block plan; no SGLang
+at import), `hooks` (GLM MoE layers, launch and load checks), `miss_hooks` (the miss path's layouts and
 runner), `weight_update` (weight updates) and `fp4_hooks` (FP4 weights), declared in
 `patches`; `feature` (FEATURE, its env vars); `doctor` (its part of `sglang-glm-ext doctor`).
 """

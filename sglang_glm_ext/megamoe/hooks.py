@@ -28,7 +28,6 @@ so the hooks and SGLang cannot disagree about a layer (after resolution the two 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 import os
 import sys
@@ -37,60 +36,11 @@ from typing import Any, Callable, Optional
 import torch
 
 from . import glm4, guard, routing, select
+from .miss_hooks import forward_miss_glm4, prepare_fallback
+# What the miss path reads as well lives in `reads`; FALLBACK_ATTR stays importable from here.
+from .reads import _PLAN_ATTR, FALLBACK_ATTR, GUARD_ATTR, _mega, _mod, block_plan, gate_inputs, megamoe_on  # noqa: F401
 
 logger = logging.getLogger("sglang_glm_ext")
-
-_MODULES: dict[str, Any] = {}
-_PLAN_ATTR = "_glm_ext_mega_plan"
-FALLBACK_ATTR = "_glm_ext_miss_fallback"  # = miss_hooks.FALLBACK_ATTR (kept here: gate_inputs reads it per batch)
-GUARD_ATTR = "_glm_ext_megamoe_guard"  # set at load on the MoE modules of a GLM model under megamoe
-
-
-def _mod(name: str) -> Any:
-    """An SGLang module, imported on first use: the plugin registers before SGLang's model code is imported."""
-    mod = _MODULES.get(name)
-    if mod is None:
-        mod = _MODULES[name] = importlib.import_module(name)
-    return mod
-
-
-def _mega() -> Any:
-    return _mod("sglang.srt.layers.moe.mega_moe")
-
-
-def megamoe_on() -> bool:
-    return bool(_mega().get_moe_a2a_backend().is_megamoe())
-
-
-# ---------------------------------------------------------------- per-batch decision
-
-def gate_inputs(experts: Any, hidden_states: torch.Tensor) -> select.GateInputs:
-    """The rank-identical facts `select.decide` reads, taken where SGLang's should_use_mega_moe takes them."""
-    mm = _mega()
-    return select.GateInputs(
-        megamoe=bool(mm.get_moe_a2a_backend().is_megamoe()),
-        weights_ready=bool(mm.is_mega_moe_experts_ready(experts)),
-        capture=bool(mm.get_is_capture_mode()),
-        global_num_tokens=mm.get_dp_global_num_tokens(),
-        local_rows=int(hidden_states.shape[0]),
-        cap=int(mm.envs.SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK.get()),
-        use_global_num_tokens=not mm.is_dsa_enable_prefill_cp(),
-        fallback=experts.__dict__.get(FALLBACK_ATTR) is not None,
-    )
-
-
-def block_plan(block: Any, name: str = "") -> glm4.BlockPlan:
-    plan = block.__dict__.get(_PLAN_ATTR)
-    if plan is None:
-        topk_mod = _mod("sglang.srt.layers.moe.topk")
-        plan = glm4.plan_block(
-            block,
-            scale_fused_in_topk=topk_mod.is_routed_scaling_factor_fused_in_topk(block.topk.topk_config),
-            moe_ep_size=int(_mod("sglang.srt.runtime_context").get_parallel().moe_ep_size),
-            name=name,
-        )
-        block.__dict__[_PLAN_ATTR] = plan
-    return plan
 
 
 # ---------------------------------------------------------------- GLM-4.x block
@@ -125,8 +75,6 @@ def hook_glm4_forward(original: Callable, self, hidden_states: torch.Tensor, for
     inputs = gate_inputs(self.experts, hidden_states)
     decision = select.decide(inputs)
     if decision.path is select.Path.MISS:
-        from .miss_hooks import forward_miss_glm4
-
         return forward_miss_glm4(self, hidden_states, decision)
     if not decision.mega:
         raise select.MegaMoEMissError(select.miss_message(f"GLM-4 MoE layer {self.layer_id}", decision, inputs.cap))
@@ -420,8 +368,6 @@ def _batches_above_cap() -> bool:
 def check_loaded_model(model: Any, arch: str) -> list[str]:
     """Mark a GLM model's MoE modules for the runtime guard, record each one's miss-path layout, and list the
     layers that can serve neither the kernel nor the miss path."""
-    from .miss_hooks import prepare_fallback
-
     glm_block, dsv2_moe = _moe_classes()
     mm = _mega()
     problems = []

@@ -30,16 +30,9 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 
 from . import miss, select, sm90_fp8
+from .reads import FALLBACK_ATTR, GUARD_ATTR, _mod, block_plan, gate_inputs, megamoe_on
 
 logger = logging.getLogger("sglang_glm_ext")
-
-FALLBACK_ATTR = "_glm_ext_miss_fallback"  # on the FusedMoE: a guard.FALLBACKS key, or None
-
-
-def _mod(name: str) -> Any:
-    from .hooks import _mod as mod
-
-    return mod(name)
 
 
 def fallback_kind(experts: Any, block: Any = None) -> Optional[str]:
@@ -143,8 +136,6 @@ def _empty_routing(hidden_states: torch.Tensor, top_k: int) -> tuple[torch.Tenso
 # ---------------------------------------------------------------- GLM-4.x block
 
 def forward_miss_glm4(block: Any, hidden_states: torch.Tensor, decision: select.Decision) -> torch.Tensor:
-    from .hooks import block_plan
-
     plan = block_plan(block)
     n = int(hidden_states.shape[0])
     if n > 0:
@@ -211,8 +202,6 @@ def forward_miss_dsv2(moe: Any, hidden_states: torch.Tensor, forward_batch: Any,
 def hook_dsv2_forward(original: Callable, self, hidden_states, forward_batch=None, *args, **kwargs):
     """AROUND DeepseekV2MoE.forward. For a GLM model's layer under megamoe (marked at load) a batch the kernel
     cannot take runs the gathered miss path; everything else is SGLang's own forward (its MegaMoE branch)."""
-    from .hooks import GUARD_ATTR, gate_inputs, megamoe_on
-
     if not getattr(self, GUARD_ATTR, False) or not megamoe_on():
         return original(self, hidden_states, forward_batch, *args, **kwargs)
     decision = select.decide(gate_inputs(self.experts, hidden_states))

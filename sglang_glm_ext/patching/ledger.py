@@ -19,7 +19,7 @@ import inspect
 import logging
 import pkgutil
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from ..declare import Patch, Tier
 
@@ -93,20 +93,63 @@ def source_sha(fn: Callable) -> str:
     return hashlib.sha256(src.encode()).hexdigest()[:16]
 
 
-def hook_in_chain(target: str, hook: Callable) -> bool:
-    """True when `hook` is captured by a wrapper in the live chain of `target`."""
+def chain_depth(target: str, hook: Callable) -> int | None:
+    """How many wrappers of the live chain of `target` lie outside the one that captures `hook` (0: the outermost);
+    None when no wrapper captures it. A deeper AFTER hook runs its hook earlier on each call."""
     fn = resolve_raw(target)
-    seen = 0
-    while fn is not None and seen < 64:
+    depth = 0
+    while fn is not None and depth < 64:
         for cell in getattr(fn, "__closure__", None) or ():
             try:
                 if cell.cell_contents is hook:
-                    return True
+                    return depth
             except ValueError:  # empty cell
                 continue
         fn = getattr(fn, "__wrapped__", None)
-        seen += 1
-    return False
+        depth += 1
+    return None
+
+
+def hook_in_chain(target: str, hook: Callable) -> bool:
+    """True when `hook` is captured by a wrapper in the live chain of `target`."""
+    return chain_depth(target, hook) is not None
+
+
+def order_problems(patches: Sequence[Patch]) -> dict[str, str]:
+    """Each patch whose declared `after` order the ledger cannot honour, with why: the patches it names must be
+    AFTER patches of its own target (as it must be one), listed before it, so they are applied first and their
+    hooks sit inside its wrapper."""
+    index = {p.id: i for i, p in enumerate(patches)}
+    out: dict[str, str] = {}
+    for i, p in enumerate(patches):
+        for dep in p.after:
+            j = index.get(dep)
+            if j is None:
+                why = f"runs after {dep}, which is not in the ledger"
+            elif patches[j].target != p.target:
+                why = f"runs after {dep}, a patch of another target ({patches[j].target})"
+            elif p.hook_type != "after" or patches[j].hook_type != "after":
+                why = f"runs after {dep}: an order between AFTER hooks only ({p.hook_type}, {patches[j].hook_type})"
+            elif j > i:
+                why = f"runs after {dep}, which the ledger lists later: it would be applied outside this one"
+            else:
+                continue
+            out[p.id] = why
+            break
+    return out
+
+
+def _live_order(patch: Patch, status: dict[str, PatchStatus]) -> str:
+    """'' when every hook `patch` runs after sits inside its wrapper in the live chain, else why not."""
+    mine = chain_depth(patch.target, patch.resolve_hook())
+    for dep in patch.after:
+        st = status.get(dep)
+        if st is None or st.state is not State.APPLIED:
+            return f"runs after {dep}, which is {st.state.value if st else 'not applied'}"
+        theirs = chain_depth(patch.target, st.patch.resolve_hook())
+        if mine is None or theirs is None or theirs <= mine:
+            return f"its hook would run before {dep}'s on {patch.target}: it must run after it"
+    return ""
 
 
 def apply_one(patch: Patch, source) -> PatchStatus:
@@ -183,10 +226,13 @@ def apply_all(ledger: Ledger, *, installed: str | None, forced: bool = False, un
     description): a skipped patch then gives that reason, which tells a user more than the patch's own range.
     `cpu_serve_off`: '' when the CPU serving mode may run in this process (register() asks cpu_serve's gate),
     else why its Tier.CPU_SERVE patches are skipped. `gpu_bringup_off`: the same for the GPU bring-up tier.
+    A patch that declares `after` fails (and is never applied) where the ledger lists what it names after it, and
+    fails where the live chain does not run those hooks first.
     """
     from sglang.srt.plugins.hook_registry import HookSource
 
     source = HookSource(plugin_name="glm_ext", dist_name="sglang-glm-ext")
+    misordered = order_problems(ledger.patches)
     for patch in ledger.patches:
         if patch.tier is Tier.DEMO:  # demo/test-only stand-ins: their feature's guarded installer, never register()
             ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, DEMO_SKIP_DETAIL)
@@ -201,7 +247,14 @@ def apply_all(ledger: Ledger, *, installed: str | None, forced: bool = False, un
         if why:
             ledger.status[patch.id] = PatchStatus(patch, State.SKIPPED, unsupported or why)
             continue
-        st = apply_one(patch, source)
+        if patch.id in misordered:  # applied out of order it would run silently wrong: never apply it
+            st = PatchStatus(patch, State.FAILED, misordered[patch.id])
+        else:
+            st = apply_one(patch, source)
+        if st.state is State.APPLIED and patch.after:
+            why = _live_order(patch, ledger.status)
+            if why:
+                st = PatchStatus(patch, State.FAILED, why)
         ledger.status[patch.id] = st
         if st.state is State.FAILED:
             # Fail loud: SGLang would only log this at debug level inside apply_hooks().

@@ -39,6 +39,8 @@ def render(patches: Sequence[Patch]) -> str:
             f"- **applies to SGLang**: {', '.join(p.sglang_versions)}",
             f"- **remove when**: {p.remove_when}",
             f"- **expected parameters**: `({', '.join(p.signature)})`; source digest `{p.source_sha or '-'}`",
+            *([f"- **runs after**: {', '.join(f'`{d}`' for d in p.after)} (applied first; the ledger checks it)"]
+              if p.after else []),
             "",
         ]
     return "\n".join(out)

@@ -10,6 +10,7 @@ what is particular to it: its page size (some are not a BLOCK multiple on purpos
   replaces top-level keys and merges one level into dict-valued ones (``queues={"io_threads": 1}`` keeps the rest).
 * ``write_config(tmp_path, ...)``: an L3 config FILE (the example config, budget ``TEST_BUDGET``), what the
   HiCache backend, the hooks and the demo read.
+* ``opens_of(monkeypatch, path)``: every ``open()`` of that file from then on (how many times it is read).
 """
 
 from __future__ import annotations
@@ -97,6 +98,21 @@ def write_config(tmp_path, name="l3", **overrides) -> str:
     p = d / "l3.toml"
     p.write_text(text)
     return str(p)
+
+
+def opens_of(monkeypatch, path) -> list[str]:
+    """A list that gets one entry per ``open()`` of ``path`` in this process, until the test ends."""
+    import builtins
+
+    want, seen, real = os.path.realpath(path), [], builtins.open
+
+    def counting(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and os.path.realpath(os.fspath(file)) == want:
+            seen.append(os.fspath(file))
+        return real(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", counting)
+    return seen
 
 
 def ensure_datasets_importable() -> None:

@@ -48,6 +48,26 @@ def test_cli_flags_become_sglang_dynamic_backend_and_resolve(tmp_path):
     assert json.loads(view.hicache_storage_backend_extra_config) == extra
 
 
+def test_a_command_line_launch_reads_the_config_once(tmp_path, monkeypatch):
+    """The flag check, the CLI translation and resolve_once share one launch plan (l3/launch.py)."""
+    from l3kit import opens_of
+
+    cfg = write_config(tmp_path)
+    opened = opens_of(monkeypatch, cfg)
+    parse(l3_argv(cfg)).resolve_once()
+    assert len(opened) == 1, opened
+
+
+def test_the_cli_translation_runs_after_the_flag_hook_that_attaches_its_values():
+    """Its patch declares after=("flags.from_cli",): the ledger applies that hook first, so it sits inside."""
+    from sglang_glm_ext.patching.ledger import chain_depth
+    from sglang_glm_ext.plugin import hooks as flag_hooks
+
+    target = "sglang.srt.server_args.ServerArgs.from_cli_args"
+    ours, flags_hook = chain_depth(target, hooks.hook_from_cli_args), chain_depth(target, flag_hooks.hook_from_cli_args)
+    assert ours is not None and flags_hook is not None and ours < flags_hook
+
+
 def test_config_yaml_and_sglang_controller_keys(tmp_path):
     cfg = write_config(tmp_path)
     y = tmp_path / "serve.yaml"

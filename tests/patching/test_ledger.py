@@ -16,6 +16,10 @@ def hook_after_add(result, *args, **kwargs):
     return result + 100
 
 
+def hook_after_times(result, *args, **kwargs):
+    return result * 10
+
+
 def not_a_hook(*a, **k):
     return None
 
@@ -36,10 +40,10 @@ def fake(monkeypatch):
     return mod
 
 
-def P(target, hook, hook_type="around", tier=L.Tier.FEATURE):
-    return L.Patch(id=target, target=target, hook_type=hook_type, hook=f"glm_ext_test_hooks:{hook}",
+def P(target, hook, hook_type="around", tier=L.Tier.FEATURE, id=None, after=()):
+    return L.Patch(id=id or target, target=target, hook_type=hook_type, hook=f"glm_ext_test_hooks:{hook}",
                    feature="fake", tier=tier, reason="r", seed_lines="-", sglang_versions=("0",),
-                   remove_when="-", signature=())
+                   remove_when="-", signature=(), after=after)
 
 
 def test_apply_verifies_hook_is_live(fake):
@@ -135,3 +139,45 @@ def test_on_an_unsupported_sglang_the_plugin_wide_reason_is_given(fake):
     L.apply_all(led, installed="9.9", unsupported="sglang 9.9 (NOT supported); supported: 0")
     assert led.status["glm_ext_fake_mod.Runner.capture"].detail == "sglang 9.9 (NOT supported); supported: 0"
     assert led.status["glm_ext_fake_mod.Runner.helper"].state is L.State.APPLIED  # guards still go in
+
+
+# ---- `after`: an AFTER hook that reads what another AFTER hook on its target did ----
+
+CAPTURE = "glm_ext_fake_mod.Runner.capture"
+ADD = P(CAPTURE, "hook_after_add", "after", id="add")
+TIMES = P(CAPTURE, "hook_after_times", "after", id="times", after=("add",))
+
+
+def test_a_declared_order_is_applied_so_the_named_hook_runs_first(fake):
+    led = L.Ledger((ADD, TIMES))
+    L.apply_all(led, installed="0")
+    assert {s.state for s in led.status.values()} == {L.State.APPLIED}
+    assert fake.Runner().capture(1) == (1 + 100) * 10  # add's hook, then times'
+    assert L.chain_depth(CAPTURE, hook_after_times) < L.chain_depth(CAPTURE, hook_after_add)
+    assert L.order_problems((ADD, TIMES)) == {}
+
+
+def test_a_ledger_that_lists_the_named_patch_later_fails_the_dependent_patch(fake):
+    led = L.Ledger((TIMES, ADD))
+    L.apply_all(led, installed="0")
+    st = led.status["times"]
+    assert st.state is L.State.FAILED and "runs after add, which the ledger lists later" in st.detail
+    assert led.status["add"].state is L.State.APPLIED
+    assert fake.Runner().capture(1) == 101  # never applied out of order
+
+
+@pytest.mark.parametrize("other, needle", [
+    (P("glm_ext_fake_mod.Runner.helper", "hook_after_add", "after", id="add"), "a patch of another target"),
+    (P(CAPTURE, "hook_double", "around", id="add"), "an order between AFTER hooks only"),
+])
+def test_an_order_the_ledger_cannot_honour_is_named(other, needle):
+    assert needle in L.order_problems((other, TIMES))["times"]
+    assert "not in the ledger" in L.order_problems((TIMES,))["times"]
+
+
+def test_the_live_chain_is_checked_where_the_dependent_hook_went_in_first(fake):
+    assert L.apply_one(TIMES, None).state is L.State.APPLIED  # outside the ledger: add then wraps outside it
+    led = L.Ledger((ADD, TIMES))
+    L.apply_all(led, installed="0")
+    st = led.status["times"]
+    assert st.state is L.State.FAILED and "its hook would run before add's" in st.detail

@@ -13,6 +13,15 @@ def test_the_ledger_is_the_rows_declarations_concatenated_in_order():
         assert all(p.feature is feature for p in patches), feature.name  # a patch points at its own row
 
 
+def test_every_declared_hook_order_holds_in_the_ledger():
+    from sglang_glm_ext.patching.ledger import order_problems
+
+    assert order_problems(registry.PATCHES) == {}
+    by_id = {p.id: p for p in registry.PATCHES}
+    # The L3 command-line translation reads the flag values the plugin's flag hook attaches to the record.
+    assert by_id["l3.translate_flags_cli"].after == ("flags.from_cli",)
+
+
 def test_names_users_see_are_unique():
     for names in ([f.name for f in registry.FEATURES], [p.id for p in registry.PATCHES],
                   [f.name for f in registry.FLAGS], [e.name for e in registry.ENV_VARS]):

@@ -1,7 +1,7 @@
 """Whether a configured L3 path can take O_DIRECT writes and has room for its budget.
 
 One computation of "does the budget fit" (:func:`budget_fit`), used by ``doctor`` and by the launch check
-(``feature.check_config``, before the model loads): for every file system the config's disks live on, the
+(``launch.plan_launch``, before the model loads): for every file system the config's disks live on, the
 slab bytes the budget will preallocate there, minus what this deployment's slabs already hold on it (an existing,
 preallocated slab is space already taken, not needed again), must fit in its free space.
 """

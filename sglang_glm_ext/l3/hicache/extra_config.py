@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 __all__ = ["BACKEND_NAME", "MODULE_PATH", "CLASS_NAME", "SGLANG_CONTROLLER_KEYS", "ALL_REPLICAS_WRITE_ATTR",
-           "SYNC_GROUPS_KEY", "build", "parse", "config_digest", "AttachError", "dump_json"]
+           "SYNC_GROUPS_KEY", "build", "parse", "config_digest", "digest_of", "AttachError", "dump_json"]
 
 BACKEND_NAME = "sglang_glm_ext.l3"
 MODULE_PATH = "sglang_glm_ext.l3.hicache.backend"
@@ -36,12 +36,18 @@ class AttachError(RuntimeError):
 
 def config_digest(path: str) -> str:
     with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:16]
+        return digest_of(f.read())
 
 
-def build(config_path: str, user_extra: dict | None = None) -> dict:
+def digest_of(raw: bytes) -> str:
+    """A config's digest, from its bytes (what ``l3_config_sha256`` holds)."""
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def build(config_path: str, user_extra: dict | None = None, *, digest: str | None = None) -> dict:
     """The ``--hicache-storage-backend-extra-config`` object that makes SGLang's ``dynamic`` factory build the
-    L3 backend, with zero-copy v1 I/O (``interface_v1``). ``user_extra`` may carry SGLang's own controller keys."""
+    L3 backend, with zero-copy v1 I/O (``interface_v1``). ``user_extra`` may carry SGLang's own controller keys.
+    ``digest``: the config's, from the bytes the caller parsed (the launch plan), so the file is not read again."""
     path = os.path.abspath(config_path)
     out: dict[str, Any] = {
         "backend_name": BACKEND_NAME,
@@ -49,7 +55,7 @@ def build(config_path: str, user_extra: dict | None = None) -> dict:
         "class_name": CLASS_NAME,
         "interface_v1": 1,
         "l3_config": path,
-        "l3_config_sha256": config_digest(path),
+        "l3_config_sha256": digest or config_digest(path),
     }
     for k, v in (user_extra or {}).items():
         if k not in SGLANG_CONTROLLER_KEYS:
