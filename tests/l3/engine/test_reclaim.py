@@ -138,9 +138,11 @@ def test_reclaim_commits_index_delete_before_freeing_the_slot(tmp_path):
         s.close()
 
 
-def test_racing_reader_of_a_reclaimed_slot_sees_a_miss(tmp_path):
+def test_racing_reader_of_a_reclaimed_slot_sees_a_miss(tmp_path, monkeypatch):
     """A reader holds an index entry; GC reclaims it and the slot is rewritten with another page before the
     read happens: verification turns it into a miss, never the other page's bytes."""
+    from sglang_glm_ext.l3.engine import reload as reload_mod
+
     s = open_store(tmp_path, slots=20)
     try:
         spill(s, 0)
@@ -150,9 +152,12 @@ def test_racing_reader_of_a_reclaimed_slot_sees_a_miss(tmp_path):
         spill(s, 1)  # LIFO pool: page 1 lands in page 0's old slot
         now = s.index.get(s._ikey(K, bytes.fromhex(key(1))))
         assert now.slot == stale.slot
-        st = s._kinds[K]
-        ok, reason = s._reloader.read_into(st, bytes.fromhex(key(0)), stale, np.zeros(PB, np.uint8))
-        assert not ok and reason == "hash_mismatch"
+        real_get_many, real_blames, reasons = s.index.get_many, reload_mod.blames_entry, []
+        monkeypatch.setattr(s.index, "get_many", lambda keys: [stale])  # the reader's snapshot from before the free
+        monkeypatch.setattr(reload_mod, "blames_entry", lambda why: reasons.append(why) or real_blames(why))
+        ok = s.reload_into(K, [key(0)], [np.zeros(PB, np.uint8)])
+        monkeypatch.setattr(s.index, "get_many", real_get_many)
+        assert ok == [False] and reasons == ["hash_mismatch"]
     finally:
         s.close()
 

@@ -481,6 +481,68 @@ def test_an_io_error_inside_a_run_costs_only_its_page(tmp_path, monkeypatch):
         s.close()
 
 
+@pytest.mark.parametrize("coalesce", [0, 8], ids=["page-by-page", "runs"])
+def test_a_failure_no_layer_maps_inside_the_innermost_read_is_a_counted_miss_never_an_exception(tmp_path, monkeypatch,
+                                                                                               coalesce):
+    """Not an I/O error (a bug under the read): the step it broke (one page's read, or one run's: at most the pages
+    of its unit) is a miss, counted as a data-path error against its disk with its entry kept, and every other page
+    of the call still hits exactly; nothing reaches the caller."""
+    import os
+
+    s = open_coalescing(tmp_path, coalesce * slot_bytes_for(PB))
+    try:
+        spill(s, range(8))
+        bad = slots_of(s, [3])[0] * slot_bytes_for(PB)
+        real = os.preadv
+
+        def failing(fd, iov, pos):
+            if pos <= bad < pos + sum(len(v) for v in iov):
+                raise RuntimeError("injected: not an OSError")
+            return real(fd, iov, pos)
+
+        monkeypatch.setattr(os, "preadv", failing)
+        host = Host("page_first")
+        got = host.reload(s, range(8), list(range(8)))
+        monkeypatch.setattr(os, "preadv", real)
+        missed = got.count(False)
+        assert not got[3] and (missed == 1 if not coalesce else 1 <= missed <= 2), got
+        host.check(got, range(8), list(range(8)))
+        st = s.stats()
+        assert st["data_path_errors"] == missed and st["verify_failures"] == 0 and st["reload_misses"] == missed
+        assert sum(d.get("read_errors", 0) for d in st["per_disk"].values()) == missed
+        assert s.exists(K, [key(3)]) == 1  # the bytes were never seen: the entry stays
+    finally:
+        s.close()
+
+
+def test_a_failure_outside_any_read_makes_the_call_misses_counted_and_gives_staged_pages_back(tmp_path,
+                                                                                                monkeypatch):
+    """The read path's one net (Reloader.reload): the index read raising mid-call costs the call's pages (one
+    data-path error, logged), hands back every staged copy it borrowed and leaves no page counted in flight; the
+    next call reads again."""
+    s = open_store(tmp_path)
+    try:
+        spill(s, range(4))
+        borrowed, given = [], []
+        real_borrow, real_give = s._staged.borrow, s._staged.give_back
+        monkeypatch.setattr(s._staged, "borrow", lambda *a: borrowed.append(real_borrow(*a)) or borrowed[-1])
+        monkeypatch.setattr(s._staged, "give_back", lambda pages: given.append(pages) or real_give(pages))
+
+        def broken(keys):
+            raise RuntimeError("injected: the index read failed")
+
+        monkeypatch.setattr(s.index, "get_many", broken)
+        host = Host("flat")
+        assert host.reload(s, range(4), list(range(4))) == [False] * 4
+        assert given == borrowed and len(given) == 1
+        st = s.stats()
+        assert st["data_path_errors"] == 1 and st["reload_inflight"] == 0 and st["verify_failures"] == 0
+        monkeypatch.undo()
+        assert host.reload(s, range(4), list(range(4))) == [True] * 4
+    finally:
+        s.close()
+
+
 def test_a_run_past_the_end_of_its_slab_serves_the_pages_before_the_end(tmp_path):
     """A slab cut short (another rank's file, a truncated copy): the run's transfer ends early; the pages whose
     slots are whole still hit, the ones past the end are misses."""
@@ -499,70 +561,15 @@ def test_a_run_past_the_end_of_its_slab_serves_the_pages_before_the_end(tmp_path
         s.close()
 
 
-def test_units_group_adjacent_slots_of_one_slab_only():
-    """The call's reads: adjacent slots of one (rank, disk) in slot order, at most read_coalesce_bytes a unit and at
-    least two units a reader; staged pages and pages on other disks or beyond a gap stand alone."""
-    # 7 pages, 1 reader: runs of at most 3 (two units a reader at least)
-    assert sorted(_units([(0, 0, s) for s in (9, 3, 4, 5, 10, 12, 8)])) == [[1, 2, 3], [5], [6, 0, 4]]
-    # another disk, another rank: not adjacent, whatever the slot numbers
-    assert sorted(_units([(0, 0, 1), (0, 1, 2), (1, 0, 3), (0, 0, 2)])) == [[0, 3], [1], [2]]
-    # a staged page stands alone (and is taken last), and its slot-less gap ends the run before it
-    got = _units([(0, 0, s) for s in range(8)], staged={2})
-    assert got[-1] == [2] and sorted(got) == [[0, 1], [2], [3, 4, 5], [6, 7]]
-    assert max(len(u) for u in _units([(0, 0, s) for s in range(64)], coalesce_pages=8)) == 8
-    assert len(_units([(0, 0, s) for s in range(8)], threads=4)) == 8  # runs would leave a reader fewer than 2
-    assert all(len(u) == 1 for u in _units([(0, 0, s) for s in range(64)], coalesce_pages=1))
-
-
-def _units(slots, coalesce_pages=8, threads=1, staged=()):
-    """Reloader.units over pages at (rank, disk, slot) ``slots`` of 4 KiB slots; every job exactly once."""
-    from types import SimpleNamespace
-
-    from sglang_glm_ext.l3.engine.reload import Reloader
-
-    slot_bytes = 4096
-    me = SimpleNamespace(config=SimpleNamespace(read_coalesce_bytes=coalesce_pages * slot_bytes,
-                                                reload_threads=threads))
-    st = SimpleNamespace(slot_bytes=slot_bytes)
-    entries = [SimpleNamespace(rank=r, disk=d, slot=sl) for r, d, sl in slots]
-    borrowed = [object() if i in staged else None for i in range(len(slots))]
-    jobs = [(i, i) for i in range(len(slots))]
-    got = Reloader.units(me, st, jobs, entries, borrowed)
-    assert sorted(j for u in got for j in u) == list(range(len(slots)))
-    return got
-
-
-def test_units_give_every_reader_an_equal_share():
-    """A call returns when its last unit is read, so units are cut so the readers' shares are equal: 128 adjacent
-    pages at a 7-page cap and 8 readers are 24 units of 5-6 pages (runs of 7 were 19 units: 21 pages for two readers,
-    14 for the rest), the largest first so the short ones are left for the end."""
-    got = _units([(0, 0, s) for s in range(128)], coalesce_pages=7, threads=8)
-    sizes = [len(u) for u in got]
-    assert len(got) == 24 and set(sizes) == {5, 6} and sizes == sorted(sizes, reverse=True)
-    assert all(u == list(range(u[0], u[0] + len(u))) for u in got)  # each unit still adjacent slots, in slot order
-    # taken greedily in that order (each reader the next unit when it is free), 8 readers read 16 pages each
-    load = [0] * 8
-    for s in sizes:
-        load[load.index(min(load))] += s
-    assert load == [16] * 8
-    # gaps between runs: every piece still within the cap and within one run
-    got = _units([(0, 0, s) for s in range(100)] + [(0, 0, s) for s in range(200, 228)], coalesce_pages=7, threads=8)
-    assert max(map(len, got)) <= 7 and all(u[-1] - u[0] == len(u) - 1 for u in got)
-    assert max(map(len, got)) - min(map(len, got)) <= 2
-
-
 def test_a_slow_read_does_not_hold_back_the_units_behind_it():
     """Readers take the next unit when they are free: while one reader's read hangs, the others read every other
     unit (a fixed share per reader would leave the hanging reader's later units unread until it returns)."""
     from concurrent.futures import ThreadPoolExecutor
-    from types import SimpleNamespace
 
-    from sglang_glm_ext.l3.engine.reload import Reloader
+    from sglang_glm_ext.l3.engine.read_batch import ReadBatch
 
     for readers in (2, 4):  # the caller hashes (hand-off), and each reader hashes its own
         pool, hash_pool = ThreadPoolExecutor(readers), ThreadPoolExecutor(1)
-        me = SimpleNamespace(config=SimpleNamespace(reload_threads=readers, layer_first_gil_pause_bytes=0), pool=pool,
-                             hash_pool=hash_pool, helpers=1)
         others_done = threading.Event()
         seen, waited = [], []
 
@@ -576,7 +583,8 @@ def test_a_slow_read_does_not_hold_back_the_units_behind_it():
             return [(True, "ok")] * len(unit_jobs)
 
         try:
-            out = Reloader.run_all(me, fn, list(range(10)), [[j] for j in range(10)])
+            batch = ReadBatch(fn, None, 10, pool=pool, hash_pool=hash_pool, helpers=1, reload_threads=readers)
+            out = batch.run([[j] for j in range(10)])
         finally:
             pool.shutdown()
             hash_pool.shutdown()
