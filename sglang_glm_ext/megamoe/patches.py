@@ -1,9 +1,9 @@
 """megamoe's patches of SGLang (seed 1-30), all switched on by SGLang's `--moe-a2a-backend megamoe`.
 
-`megamoe.*` (hooks.py): the GLM-4.x fast path, GLM-5.x's no-fallback guard, the launch and load checks (issue 15),
-one-line launch refusals (issue 22); (weight_update.py) the SM90 layout kept right on weight updates and the FP4
-updates refused (issue 22).
-`megamoe_fp4.*` (fp4_hooks.py): FP4 MegaMoE weights on the kept TRTLLM layout, FP4 scale groups (issue 16).
+`megamoe.*` (hooks.py): the GLM-4.x fast path, GLM-5.x's no-fallback guard, the launch and load checks,
+one-line launch refusals; (weight_update.py) the SM90 layout kept right on weight updates and the FP4
+updates refused.
+`megamoe_fp4.*` (fp4_hooks.py): FP4 MegaMoE weights on the kept TRTLLM layout, FP4 scale groups.
 Every hook returns to SGLang's own code unless the a2a backend is megamoe.
 """
 

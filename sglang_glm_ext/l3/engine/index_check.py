@@ -1,4 +1,4 @@
-"""No bytes in the index file may crash the process that opens it (issue 24, item 2).
+"""No bytes in the index file may crash the process that opens it.
 
 LMDB maps ``data.mdb`` and trusts every page number, offset and length in it: a flipped byte can send the engine past
 the end of the file (SIGBUS), outside the map (SIGSEGV) or into an assertion (SIGABRT), at open, in the cold-start

@@ -341,7 +341,7 @@ class SharedStore:
             ikeys = [self._ikey(kind, h) if h is not None else None for h in hashes]
             present = iter(self.index.get_many([k for k in ikeys if k is not None]))
             durable = [next(present) is not None if k is not None else False for k in ikeys]
-            # A page freed and not yet deleted by the writer is no dedup: its entry is about to go (issue 20, 4).
+            # A page freed and not yet deleted by the writer is no dedup: its entry is about to go.
             freed = self._staged.freed(kind, [h for h in hashes if h is not None]) if self._staged.free_pending else ()
             if any(freed):
                 it = iter(freed)
@@ -584,8 +584,8 @@ class SharedStore:
             "reload_inflight": self._reloader.inflight,
             "write_queue_depth": qdepth,
             **self._writer.stats(),
-            # Acknowledged by spill (write-behind) and not yet durable: what a crash right now would lose (issue 20,
-            # item 7). Bounded by the staging cap (queues.staging_bytes / max_inflight); 0 under ack = "durable".
+            # Acknowledged by spill (write-behind) and not yet durable: what a crash right now would lose.
+            # Bounded by the staging cap (queues.staging_bytes / max_inflight); 0 under ack = "durable".
             "acked_not_durable_pages": self._staged.acked_pages,
             "acked_not_durable_bytes": self._staged.acked_bytes,
             "acked_not_durable_oldest_s": self._staged.oldest_acked_age(),

@@ -9,7 +9,7 @@ size (``--size-gb``, default 2), the median of ``--repeats`` (>= 3) runs of:
 * L3 spill -> durable: ``spill`` of every page (retrying pages the bounded staging refused) until ``flush``, twice
   per repeat: a first fill (every slot punched and preallocated again, so each write fills an unwritten extent, as
   in a new slab) and again over the slots just written (a slab in steady state). On ext4 the first costs 25-35 %
-  more, for fio as for the store (issue 28): each is paired with fio in the same state (below)
+  more, for fio as for the store: each is paired with fio in the same state (below)
 * raw O_DIRECT read of the same slots into a ring of aligned buffers as large as the host pool, no copy (same
   thread count as the reload pool)                                  -> the throughput reference for reload
 * raw O_DIRECT read straight into the host page's own bytes (page-first: the page; layer-first: each layer's
@@ -58,7 +58,7 @@ import xxhash
 
 from sglang_glm_ext.l3.config import GIL_PAUSE_PAGE, L3Config
 
-try:  # the engine's rooms (issue 23)
+try:  # the engine's rooms
     from sglang_glm_ext.l3.disk import format as _format
     from sglang_glm_ext.l3.disk.aligned import AlignedBuffer
     from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, slot_bytes_for
