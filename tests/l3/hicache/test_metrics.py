@@ -44,9 +44,12 @@ def test_the_forks_names_are_kept_and_every_name_is_in_sglangs_namespace():
 
 
 def test_a_real_stores_stats_feed_every_store_metric(store):
-    key = l3kit.key(0, "p")
+    """Every store metric METRICS declares comes out of a real store's stats() after a spill and a reload, and the
+    counters those drove moved: a stats() key renamed in the store is a missing sample, not a silent 0."""
+    key, absent = l3kit.key(0, "p"), l3kit.key(1, "p")
     assert store.spill(K, [key], [np.zeros(PB, np.uint8)]) == [True]
     assert store.flush(30)
+    assert store.reload_into(K, [key, absent], [np.ones(PB, np.uint8), np.ones(PB, np.uint8)]) == [True, False]
     rows = metrics.store_samples(store.stats())
     got = {name for name, _, _ in rows}
     want = {m.name for m in metrics.METRICS if not m.name.startswith("sglang:cp_l3_backend_")}
@@ -54,6 +57,9 @@ def test_a_real_stores_stats_feed_every_store_metric(store):
     by = {(n, lab): v for n, lab, v in rows}
     assert by[("sglang:cp_l3_used_slots", (("payload", "target_kv"),))] == 1
     assert by[("sglang:cp_l3_spill_bytes_total", ())] == PB
+    assert by[("sglang:cp_l3_spill_pages_total", ())] == 1
+    assert by[("sglang:cp_l3_reload_pages_total", ())] == 1 and by[("sglang:cp_l3_reload_bytes_total", ())] == PB
+    assert by[("sglang:cp_l3_reload_misses_total", ())] == 1
     assert by[("sglang:cp_l3_queue_depth", (("queue", "write"),))] == 0
     assert {lab for n, lab, _ in rows if n == "sglang:cp_l3_dropped_writes_total"} == \
         {(("reason", r),) for r in ("staging", "pool_full", "bad_input")}
