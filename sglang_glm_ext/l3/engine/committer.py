@@ -3,16 +3,15 @@
 Per commit: wait for every page's write -> one fdatasync per slab -> ONE index transaction for the commit's entries
 (LMDB ``sync=True``) -> a :class:`~.messages.WriteResult` per page, handed back to the writer one batch at a time, in
 order. A commit the file system refuses (a full disk) is resolved against the index page by page, so every page comes
-back with an outcome that says whether its slot is referenced: a failed commit never keeps a slot it does not need
-Without this overlap spill reached about 0.5x of raw on the dev VM. The committer never touches
-a pool or the LRU: the writer applies every result, so those keep one owner.
+back with an outcome that says whether its slot is referenced: a failed commit never keeps a slot it does not need.
+The overlap with the writer is what lets a spill approach raw write speed; the committer never touches a pool or the
+LRU: the writer applies every result, so those keep one owner.
 
 Group commit: a commit takes every batch already waiting in its queue (up to :data:`GROUP_MAX`), so one
-fdatasync and one index transaction (two device flushes in LMDB) cover them all. Measured on the dev VM (1 MiB pages,
-1 GB): one commit per batch kept this thread busy for 0.28-0.38 s of a 0.42-0.54 s spill -- 8-15 ms per 32-page
-commit, the writes long finished (it was the spill's bottleneck) -- and grouping cut that to 0.08-0.14 s, so the
-committer now waits for the writes. Nothing is acknowledged earlier: a page's result still follows its own write, the
-fdatasync and the index commit. A failure inside a grouped commit is resolved page by page, as for one batch.
+fdatasync and one index transaction (two device flushes in LMDB) cover them all; one commit per batch was the spill's
+bottleneck (docs_internal/l3_tuning.md, "The committer"). Nothing is acknowledged earlier: a page's result still
+follows its own write, the fdatasync and the index commit. A failure inside a grouped commit is resolved page by page,
+as for one batch.
 """
 
 from __future__ import annotations
