@@ -34,11 +34,9 @@ crash-safety argument.
 
 Checksum: xxh3_64, through xxhash >= 4.1.0 (the first release that dispatches XXH3 to SSE2 / AVX2 / AVX-512 at run
 time; earlier ones are SSE2-only builds; every build gives the same values, tests/l3/test_checksum.py holds
-xxHash's published vectors and this format's own, so the pin changes nothing on disk). One core, measured with
-benchmark/l3_checksum_cost.py on the 2-core dev VM (AVX-512, shared, load 9-11; 5 runs): a cold page (just
-arrived, not in cache, what a reload hashes) 4.6-7.7 GB/s one-shot and 3.4-6.5 GB/s as layer chunks, i.e. this
-core's memory bandwidth (np.copyto 4.3-5.5 GB/s, streaming read 2.9-4.9 GB/s); a cached page 6-26 GB/s. crc32
-(zlib) did 2.2 GB/s, xxh64 7.9 GB/s (earlier). python-xxhash releases the GIL only above 64 KiB: a page-first page
+xxHash's published vectors and this format's own, so the pin changes nothing on disk). One core hashes a cold page
+at about its memory bandwidth, faster than crc32 or xxh64 (docs_internal/l3_tuning.md, "The checksum"; measured with
+benchmark/l3_checksum_cost.py). python-xxhash releases the GIL only above 64 KiB: a page-first page
 (one call) hashes without it, a layer-first page's chunks (16-41 KiB) with it (engine/reload.py says why that was
 kept). A reload checks pages on threads of its own while the next reads are in flight (engine/reload.py).
 """
