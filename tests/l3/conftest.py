@@ -80,3 +80,14 @@ def standins(plugin):
     cpu_standins.install()
     yield cpu_standins
     cpu_standins.uninstall()
+
+
+@pytest.fixture(scope="module")
+def published(standins):
+    """SGLang's server args for a module that builds host pools (they read them), withdrawn after it."""
+    import leakguard
+    from sglang_glm_ext.l3.demo import stack
+
+    with leakguard.kept():
+        stack.publish_server_args(stack.StackSpec(), storage_backend=None, extra_config=None)
+        yield

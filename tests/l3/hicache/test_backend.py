@@ -10,19 +10,9 @@ import torch
 
 from sglang_glm_ext.l3.hicache.extra_config import AttachError
 
-import leakguard
 from l3kit import write_config
 
-pytestmark = pytest.mark.usefixtures("standins")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def published(standins):
-    from sglang_glm_ext.l3.demo import stack
-
-    with leakguard.kept():  # the module's server args, withdrawn after it
-        stack.publish_server_args(stack.StackSpec(), storage_backend=None, extra_config=None)
-        yield
+pytestmark = pytest.mark.usefixtures("standins", "published")
 
 
 def pools(family, layout, **kw):

@@ -21,22 +21,12 @@ import torch
 from sglang_glm_ext.l3.hicache.extra_config import AttachError
 from sglang_glm_ext.l3.hicache.parts import DCP_REFUSED, KV_SHARDING_REFUSED, kv_stripe
 
-import leakguard
 from l3kit import write_config
 from .test_backend import attach
 
 PS = 64
 
-pytestmark = pytest.mark.usefixtures("standins")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def published(standins):
-    from sglang_glm_ext.l3.demo import stack
-
-    with leakguard.kept():  # the module's server args, withdrawn after it
-        stack.publish_server_args(stack.StackSpec(), storage_backend=None, extra_config=None)
-        yield
+pytestmark = pytest.mark.usefixtures("standins", "published")
 
 
 def _placement(rank, n):

@@ -22,22 +22,12 @@ from sglang_glm_ext.l3.hicache.plan import (KV, POOL_KINDS, SIDECAR_POOLS, Attac
                                             plan_late_pool, sidecar_needs_weights)
 from sglang_glm_ext.l3.hicache.pool_plans import LayoutRefused
 
-import leakguard
 from l3kit import write_config
 
-pytestmark = pytest.mark.usefixtures("standins")
+pytestmark = pytest.mark.usefixtures("standins", "published")
 
 ONE = Topology(tp_rank=0, tp_size=1)
 WEIGHTS = "[payload_weights]\ntarget_kv = 0.6\nindex_k = 0.15\ndraft_kv = 0.15\ndraft_index_k = 0.1\n"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def published(standins):
-    from sglang_glm_ext.l3.demo import stack
-
-    with leakguard.kept():  # the module's server args (building host pools reads them), withdrawn after it
-        stack.publish_server_args(stack.StackSpec(), storage_backend=None, extra_config=None)
-        yield
 
 
 def pools(family, layout, **kw):

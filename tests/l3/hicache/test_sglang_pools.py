@@ -27,16 +27,7 @@ from sglang_glm_ext.l3.hicache.pool_plans import Buffer, LayoutRefused, plan_poo
 import leakguard
 from l3kit import write_config
 
-pytestmark = pytest.mark.usefixtures("standins")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def published(standins):
-    from sglang_glm_ext.l3.demo import stack
-
-    with leakguard.kept():  # the module's server args, withdrawn after it
-        stack.publish_server_args(stack.StackSpec(), storage_backend=None, extra_config=None)
-        yield
+pytestmark = pytest.mark.usefixtures("standins", "published")
 
 
 @pytest.fixture
