@@ -172,6 +172,114 @@ class Runner:
     close = stop
 
 
+@dataclass
+class _Run:
+    """One served run across its phases: the one server alive at a time (``runner``), the workload, and what each
+    phase appends to (``phases``, ``failures``, ``notes``)."""
+
+    runner: Runner
+    reqs: list
+    cfg_path: str
+    profile: Profile
+    phases: list = field(default_factory=list)
+    failures: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+    def reference(self) -> "tuple[list, bool]":
+        """No HiCache: the workload cold (flush before each request), then with the radix cache warm. (The cold
+        replies, whether a device-cache prefix hit gives their ids: then they are the reference.)"""
+        srv = self.runner.start("reference", ())
+        cold = Phase("reference, cold (flush before each)")
+        for m in self.reqs:
+            _flush(srv.url)
+            cold.replies.append(served.chat(srv.url, m))
+        warm = Phase("reference, radix cache warm")
+        _flush(srv.url)
+        for m in self.reqs:
+            warm.replies.append(served.chat(srv.url, m))
+        self.runner.stop()
+        self.phases += [cold, warm]
+        hit_eq_cold = not compare(warm.replies, cold.replies) and any(r.cached["device"] for r in warm.replies)
+        if hit_eq_cold:
+            self.notes.append(f"a device-cache prefix hit gives the same greedy ids as a cold run "
+                              f"({self.profile.name}) ({sum(r.cached['device'] for r in warm.replies)} device-cached "
+                              "tokens): replays are compared with the no-HiCache server's cold ids")
+        else:
+            self.notes.append("a device-cache prefix hit does NOT give the same greedy ids as a cold run "
+                              f"({self.profile.name}) "
+                              f"(requests {compare(warm.replies, cold.replies)} differ): each replay is compared "
+                              "with the first pass of the HiCache server instead")
+        return cold.replies, hit_eq_cold
+
+    def l3_phase(self, name: str, title: str, env: dict | None = None, args: Sequence[str] = ()) -> Phase:
+        """One server with HiCache + L3 (and ``args``): the workload, wait for the write-back to drain, stop."""
+        l3_args = (*self.profile.hicache_args, "--enable-metrics", "--enable-cp-l3", "--cp-l3-config", self.cfg_path)
+        srv = self.runner.start(name, (*l3_args, *args), env=env)
+        phase = Phase(title, log_path=srv.log_path)
+        for m in self.reqs:
+            phase.replies.append(served.chat(srv.url, m))
+        phase.spilled = served.wait_counter_settled(srv.url, SPILL)
+        phase.reloaded = served.scrape(srv.url).get(RELOAD, 0.0)
+        self.runner.stop()
+        self.phases.append(phase)
+        return phase
+
+    def first_and_restart(self, cold: list, hit_eq_cold: bool) -> list:
+        """The first pass with HiCache + L3, then a restart (``cold_start = "load"``) replaying the workload, which
+        must match the reference with storage hits. Returns the reference the replays are compared with."""
+        first = self.l3_phase("first pass", "HiCache + L3, first pass")
+        reference = cold if hit_eq_cold else first.replies
+        if hit_eq_cold and compare(first.replies, cold):
+            self.failures.append(f"first pass differs from the reference at requests {compare(first.replies, cold)}")
+        again = self.l3_phase("after restart", "after restart (cold_start=load)")
+        bad = compare(again.replies, reference)
+        if bad:
+            self.failures.append(f"after the restart, requests {bad} differ from the reference")
+        if sum(r.cached["storage"] for r in again.replies) == 0:
+            self.failures.append("zero storage (L3) hits after the restart")
+        return reference
+
+    def negative_control(self, reference: list) -> None:
+        """The reloaded KV perturbed on purpose must make the comparison fail."""
+        control = self.l3_phase("negative control", "negative control (reloaded KV perturbed)",
+                                env={self.profile.perturb_env: "1"})
+        caught = compare(control.replies, reference)
+        if not any(r.cached["storage"] for r in control.replies):
+            self.failures.append("negative control: no storage hit, so it tested nothing")
+        elif not caught:
+            self.failures.append("negative control: perturbed reloaded KV gave the same ids (the comparison cannot "
+                                 "see wrong KV)")
+        else:
+            self.notes.append(f"negative control: perturbed reloaded KV changed the ids of requests {caught} (the "
+                              "comparison fails as it must)")
+
+    def report(self, work: str, arch: str, t_all: float, log) -> None:
+        """The table, the notes, ``l3 fsck`` of what the runs left, ``summary.json`` and the verdict lines."""
+        log("")
+        log(table(self.phases))
+        for n in self.notes:
+            log("note: " + n)
+        fsck = subprocess.run([sys.executable, "-m", "sglang_glm_ext.cli", "l3", "fsck", self.cfg_path],
+                              capture_output=True, text=True, timeout=300)
+        log(f"l3 fsck: {fsck.stdout.strip()} (exit {fsck.returncode})")
+        if fsck.returncode != 0:
+            self.failures.append(f"l3 fsck exit {fsck.returncode}: {fsck.stderr.strip()[-500:]}")
+        phases = self.phases
+        summary = {"profile": self.profile.name, "arch": arch, "phases": [p.row() for p in phases],
+                   "notes": self.notes, "failures": self.failures,
+                   "outputs": {p.name: [r.output_ids for r in p.replies] for p in phases},
+                   "cached": {p.name: [r.cached for r in p.replies] for p in phases},
+                   "phase_notes": {p.name: p.note for p in phases if p.note},
+                   "seconds": round(time.monotonic() - t_all, 1)}
+        with open(os.path.join(work, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+        log(f"served run: {summary['seconds']} s; summary {os.path.join(work, 'summary.json')}")
+        for msg in self.failures:
+            log("FAIL: " + msg)
+        if not self.failures:
+            log("OK: every replay after the restart matches the reference, with L3 hits; the negative control fails")
+
+
 def run(work: str, *, conversations: int = 3, turns: int = 3, server_timeout: float = 420.0, log=print,
         profile: Profile = CPU, arch: str = "glm5", extra_phases=None) -> int:
     """The served run (module docstring) under ``profile``, for the tiny ``arch``. ``extra_phases(l3_phase,
@@ -183,116 +291,27 @@ def run(work: str, *, conversations: int = 3, turns: int = 3, server_timeout: fl
     if not os.path.isfile(os.path.join(model, "config.json")):
         tiny_model.write(arch, model, mla=profile.mla)
     cfg_path = _l3_config(work, profile.deployment_id)
-    reqs = workload(conversations, turns)
     runner = Runner(work, model, log, server_timeout, profile)
+    state = _Run(runner, workload(conversations, turns), cfg_path, profile)
 
     def on_signal(signum, _frame):
         runner.close()
         raise SystemExit(128 + signum)
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    phases: list[Phase] = []
-    failures: list[str] = []
-    notes: list[str] = []
     try:
-        # ---- reference: no HiCache
-        srv = runner.start("reference", ())
-        cold = Phase("reference, cold (flush before each)")
-        for m in reqs:
-            _flush(srv.url)
-            cold.replies.append(served.chat(srv.url, m))
-        warm = Phase("reference, radix cache warm")
-        _flush(srv.url)
-        for m in reqs:
-            warm.replies.append(served.chat(srv.url, m))
-        runner.stop()
-        phases += [cold, warm]
-        hit_eq_cold = not compare(warm.replies, cold.replies) and any(r.cached["device"] for r in warm.replies)
-        if hit_eq_cold:
-            notes.append(f"a device-cache prefix hit gives the same greedy ids as a cold run ({profile.name}) "
-                         f"({sum(r.cached['device'] for r in warm.replies)} device-cached tokens): replays are "
-                         "compared with the no-HiCache server's cold ids")
-        else:
-            notes.append("a device-cache prefix hit does NOT give the same greedy ids as a cold run "
-                         f"({profile.name}) "
-                         f"(requests {compare(warm.replies, cold.replies)} differ): each replay is compared with "
-                         "the first pass of the HiCache server instead")
-
-        l3_args = (*profile.hicache_args, "--enable-metrics", "--enable-cp-l3", "--cp-l3-config", cfg_path)
-
-        def l3_phase(name: str, title: str, env: dict | None = None, args: Sequence[str] = ()) -> Phase:
-            """One server with HiCache + L3 (and ``args``): the workload, wait for the write-back to drain, stop."""
-            srv = runner.start(name, (*l3_args, *args), env=env)
-            phase = Phase(title, log_path=srv.log_path)
-            for m in reqs:
-                phase.replies.append(served.chat(srv.url, m))
-            phase.spilled = served.wait_counter_settled(srv.url, SPILL)
-            phase.reloaded = served.scrape(srv.url).get(RELOAD, 0.0)
-            runner.stop()
-            phases.append(phase)
-            return phase
-
-        # ---- first pass with HiCache + L3
-        first = l3_phase("first pass", "HiCache + L3, first pass")
-        reference = cold.replies if hit_eq_cold else first.replies
-        if hit_eq_cold and compare(first.replies, cold.replies):
-            failures.append(f"first pass differs from the reference at requests {compare(first.replies, cold.replies)}")
-
-        # ---- restart, cold_start = "load", replay
-        again = l3_phase("after restart", "after restart (cold_start=load)")
-        bad = compare(again.replies, reference)
-        if bad:
-            failures.append(f"after the restart, requests {bad} differ from the reference")
-        storage = sum(r.cached["storage"] for r in again.replies)
-        if storage == 0:
-            failures.append("zero storage (L3) hits after the restart")
-
+        reference = state.first_and_restart(*state.reference())
         if extra_phases is not None:
-            more_failures, more_notes = extra_phases(l3_phase, compare, reference)
-            failures += more_failures
-            notes += more_notes
-
-        # ---- negative control: the reloaded KV perturbed on purpose must make the comparison fail
-        control = l3_phase("negative control", "negative control (reloaded KV perturbed)",
-                           env={profile.perturb_env: "1"})
-        caught = compare(control.replies, reference)
-        if not any(r.cached["storage"] for r in control.replies):
-            failures.append("negative control: no storage hit, so it tested nothing")
-        elif not caught:
-            failures.append("negative control: perturbed reloaded KV gave the same ids (the comparison cannot see "
-                            "wrong KV)")
-        else:
-            notes.append(f"negative control: perturbed reloaded KV changed the ids of requests {caught} (the "
-                         "comparison fails as it must)")
+            more_failures, more_notes = extra_phases(state.l3_phase, compare, reference)
+            state.failures += more_failures
+            state.notes += more_notes
+        state.negative_control(reference)
     finally:
         runner.close()
         for s, h in old.items():
             signal.signal(s, h)
-
-    log("")
-    log(table(phases))
-    for n in notes:
-        log("note: " + n)
-    # ---- fsck of what the runs left
-    fsck = subprocess.run([sys.executable, "-m", "sglang_glm_ext.cli", "l3", "fsck", cfg_path],
-                          capture_output=True, text=True, timeout=300)
-    log(f"l3 fsck: {fsck.stdout.strip()} (exit {fsck.returncode})")
-    if fsck.returncode != 0:
-        failures.append(f"l3 fsck exit {fsck.returncode}: {fsck.stderr.strip()[-500:]}")
-    summary = {"profile": profile.name, "arch": arch, "phases": [p.row() for p in phases], "notes": notes,
-               "failures": failures,
-               "outputs": {p.name: [r.output_ids for r in p.replies] for p in phases},
-               "cached": {p.name: [r.cached for r in p.replies] for p in phases},
-               "phase_notes": {p.name: p.note for p in phases if p.note},
-               "seconds": round(time.monotonic() - t_all, 1)}
-    with open(os.path.join(work, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    log(f"served run: {summary['seconds']} s; summary {os.path.join(work, 'summary.json')}")
-    for msg in failures:
-        log("FAIL: " + msg)
-    if not failures:
-        log("OK: every replay after the restart matches the reference, with L3 hits; the negative control fails")
-    return 1 if failures else 0
+    state.report(work, arch, t_all, log)
+    return 1 if state.failures else 0
 
 
 def add_subcommand(sub) -> None:

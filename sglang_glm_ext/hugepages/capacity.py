@@ -14,6 +14,9 @@ What the kernel lets one process map (mm/hugetlb.c, `hugetlb_acct_memory` at mma
      the kernel charges it at fault time, so a shortfall there is a SIGBUS later, not an mmap error.
 The usable figure is the smallest of these. Surplus pages (`nr_overcommit_hugepages`) are not counted: they are
 carved out of ordinary RAM at mmap time and may not be there, which is what a reserved node is meant to avoid.
+
+A size's names and the hugepage errors live in ``sizes.py``, a shortfall's report (the message and the reserve
+commands) in ``shortfall.py``; this module re-exports both.
 """
 
 from __future__ import annotations
@@ -21,92 +24,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-KIB = 1024
-MIB = 1024**2
-GIB = 1024**3
+# Every caller reads the hugepage names through this module (``capacity as hp``): the sizes, their names and errors
+# (sizes.py) and the shortfall report (shortfall.py) are re-exported here.
+from .shortfall import Shortfall, reserve_commands, shortfall_message
+from .sizes import (CGROUP_MOUNT, GIB, KIB, MIB, SGLANG_SIZES, SYS_NODES, SYS_POOLS, HugepageAllocError,
+                    HugepageCapacityError, HugepageConfigError, HugepageError, cgroup_size_name, cmdline_size, gib,
+                    pages_for, parse_size, pool_dir_name, size_label)
 
-# SGLang 0.5.23 mmap_allocator.alloc_mmap: the spellings it accepts after .strip().upper(), and their page size.
-SGLANG_SIZES = {"2MB": 2 * MIB, "1GB": GIB}
-SYS_POOLS = "sys/kernel/mm/hugepages"
-SYS_NODES = "sys/devices/system/node"
-CGROUP_MOUNT = "sys/fs/cgroup"
 # A cgroup v1 limit this large is the kernel's "no limit" (PAGE_COUNTER_MAX * PAGE_SIZE, about 2**63).
 _CGROUP_UNLIMITED = 1 << 62
-
-
-class HugepageError(RuntimeError):
-    """Base of the plugin's hugepage errors; not an OSError, so SGLang's `except OSError` fallbacks never eat it."""
-
-
-class HugepageConfigError(HugepageError, ValueError):
-    """A hugepage setting (env var value, host-pool allocator) that cannot give a hugepage-backed pool."""
-
-
-class HugepageCapacityError(HugepageError):
-    """Not enough hugepages of the selected size for what is about to be allocated."""
-
-
-class HugepageAllocError(HugepageError):
-    """The MAP_HUGETLB mapping itself failed, or came back without all of its pages."""
-
-
-def parse_size(raw: str | None, *, env_name: str = "SGLANG_HUGEPAGE_SIZE") -> int | None:
-    """Page bytes for an SGLANG_HUGEPAGE_SIZE value (None when unset or blank); raises on a value SGLang ignores."""
-    value = (raw or "").strip().upper()
-    if not value:
-        return None
-    if value in SGLANG_SIZES:
-        return SGLANG_SIZES[value]
-    raise HugepageConfigError(
-        f"{env_name}={raw!r} is not a hugepage size SGLang 0.5.23 knows (with it SGLang silently allocates the "
-        f"host KV pool from ordinary pages): set {env_name} to {' or '.join(SGLANG_SIZES)} (case-insensitive), "
-        "or unset it"
-    )
-
-
-# ---- naming ----
-
-def size_label(page_bytes: int) -> str:
-    """'2 MB', '1 GB', '64 kB': how the messages name a page size."""
-    if page_bytes % GIB == 0:
-        return f"{page_bytes // GIB} GB"
-    if page_bytes % MIB == 0:
-        return f"{page_bytes // MIB} MB"
-    return f"{page_bytes // KIB} kB"
-
-
-def pool_dir_name(page_bytes: int) -> str:
-    return f"hugepages-{page_bytes // KIB}kB"
-
-
-def cmdline_size(page_bytes: int) -> str:
-    """The kernel parameter spelling (`hugepagesz=2M`, `hugepagesz=1G`)."""
-    if page_bytes % GIB == 0:
-        return f"{page_bytes // GIB}G"
-    if page_bytes % MIB == 0:
-        return f"{page_bytes // MIB}M"
-    return f"{page_bytes // KIB}K"
-
-
-def cgroup_size_name(page_bytes: int) -> str:
-    """The hugetlb cgroup file infix (kernel `memfmt`: 2MB, 1GB, 64KB)."""
-    if page_bytes >= GIB:
-        return f"{page_bytes // GIB}GB"
-    if page_bytes >= MIB:
-        return f"{page_bytes // MIB}MB"
-    return f"{page_bytes // KIB}KB"
-
-
-def gib(nbytes: int) -> str:
-    """Bytes for a message: GiB from 1 GiB up, MiB below (a few test pages must not read '0.0 GiB')."""
-    if abs(nbytes) >= GIB:
-        return f"{nbytes / GIB:.1f} GiB"
-    return f"{nbytes / MIB:.1f} MiB"
-
-
-def pages_for(nbytes: int, page_bytes: int) -> int:
-    """Pages an mmap of `nbytes` takes: SGLang rounds every mapping up to whole pages."""
-    return -(-max(nbytes, 0) // page_bytes)
 
 
 # ---- reading ----
@@ -455,19 +381,6 @@ def capacity_of(pool: SizePool | None, policy: MemPolicy, cgroup: CgroupLimit | 
     return Capacity(page_bytes, pool, policy, cgroup, usable, why, kind, tuple(unknown))
 
 
-@dataclass(frozen=True)
-class Shortfall:
-    need_bytes: int
-    need_pages: int
-    capacity: Capacity
-    ranks: int = 1  # >1: the need is this many ranks' together
-    baseline: str = "now"  # "now" or "at launch" (the free figure compared against)
-
-    @property
-    def missing_pages(self) -> int:
-        return self.need_pages - (self.capacity.usable_pages or 0)
-
-
 def check(need_bytes: int, cap: Capacity, *, ranks: int = 1, per_rank_pages: int | None = None,
           baseline: str = "now") -> Shortfall | None:
     """A Shortfall when `ranks` x the need does not fit `cap`; None when it fits or cannot be decided.
@@ -480,67 +393,6 @@ def check(need_bytes: int, cap: Capacity, *, ranks: int = 1, per_rank_pages: int
     if cap.usable_pages is None or total_pages <= cap.usable_pages:
         return None
     return Shortfall(need_bytes * max(ranks, 1), total_pages, cap, max(ranks, 1), baseline)
-
-
-def reserve_commands(sf: Shortfall, *, default_page_bytes: int | None) -> list[str]:
-    """The exact commands that reserve the missing pages, for the bound that is short."""
-    cap, page = sf.capacity, sf.capacity.page_bytes
-    missing = max(sf.missing_pages, 1)
-    pool = cap.pool
-    cmds: list[str] = []
-    strict = cap.policy.strict_nodes
-    if pool is not None and strict is not None and cap.limit_kind == "numa":
-        share = -(-missing // len(strict))
-        targets = {}
-        for n in sorted(strict):
-            node = pool.node(n)
-            targets[n] = (max((node.total or 0) - (node.surplus or 0), 0) if node else 0) + share
-            cmds.append(f"echo {targets[n]} > /{SYS_NODES}/node{n}/hugepages/{pool_dir_name(page)}/nr_hugepages")
-        per_node = ",".join(f"{n}:{t}" for n, t in targets.items())
-        cmds.append(f"kernel command line: hugepagesz={cmdline_size(page)} hugepages={per_node}")
-        return cmds
-    target = (pool.persistent or 0) + missing if pool is not None else missing
-    if default_page_bytes == page:
-        cmds.append(f"sysctl -w vm.nr_hugepages={target}")
-    cmds.append(f"echo {target} > /{SYS_POOLS}/{pool_dir_name(page)}/nr_hugepages")
-    cmds.append(f"kernel command line: hugepagesz={cmdline_size(page)} hugepages={target}")
-    return cmds
-
-
-def shortfall_message(sf: Shortfall, *, what: str, default_page_bytes: int | None, lower_hint: str,
-                      other_sizes: dict[int, int] | None = None, fallback_env: str | None = None) -> str:
-    """The startup error: need X GiB as N pages of SIZE, Y free, which bound is short, and each way out."""
-    cap, page = sf.capacity, sf.capacity.page_bytes
-    label = size_label(page)
-    usable = cap.usable_pages or 0
-    who = f"the {sf.ranks} ranks on this node together need" if sf.ranks > 1 else "this rank needs"
-    free_when = "free when the launch started" if sf.baseline == "at launch" else "free"
-    lines = [
-        f"sglang-glm-ext: not enough {label} hugepages for {what}: {who} {gib(sf.need_pages * page)} as "
-        f"{sf.need_pages} pages of {label}, but only {usable} pages ({gib(usable * page)}) are {free_when} "
-        f"(limited by {cap.limited_by})."
-    ]
-    if cap.limit_kind == "cgroup" and cap.cgroup is not None:
-        lines.append(f"Raise the container's hugetlb limit ({cap.cgroup.path}; Kubernetes: the pod's "
-                     f"hugepages-{cmdline_size(page)}i limit) by at least {gib(sf.missing_pages * page)}, or:")
-    elif cap.limit_kind == "missing":
-        lines.append(f"Boot with `hugepagesz={cmdline_size(page)} hugepages={sf.need_pages}` on the kernel command "
-                     "line" + (" (1 GB pages also need CPU support: the pdpe1gb flag on x86)" if page >= GIB else "")
-                     + ", or:")
-    else:
-        lines.append(f"Reserve at least {sf.missing_pages} more {label} pages, e.g.:")
-        lines.extend(f"  {c}" for c in reserve_commands(sf, default_page_bytes=default_page_bytes))
-        if page >= GIB:
-            lines.append("  (1 GB pages reserved at runtime need that much contiguous free memory; the kernel "
-                         "command line is the reliable way)")
-    lines.append(f"or {lower_hint}.")
-    spare = {s: n for s, n in (other_sizes or {}).items() if s != page and n}
-    if spare:
-        have = ", ".join(f"{n} free {size_label(s)} pages" for s, n in sorted(spare.items()))
-        lines.append(f"This node has {have}: SGLANG_HUGEPAGE_SIZE selects {label}; is that the size you reserved?")
-    if fallback_env:
-        lines.append(f"{fallback_env}=1 restores SGLang's fallback to ordinary pages (checked against RAM).")
-    return "\n".join(lines)
 
 
 def _nodes_str(nodes) -> str:

@@ -7,8 +7,9 @@ prefetch from L3 -> load-back, then a restart (``cold_start = "load"``) and the 
 Every phase checks the KV and indexer bytes against what was written and prints hits, pages and GB/s.
 
 Embedded defaults: a temporary directory with the L3 slabs and the embedded LMDB index, removed afterwards unless
-``--keep``; ``--dir DIR`` puts them in DIR instead (created if missing), which is never removed. It runs on the CPU stand-ins for SGLang's GPU copy ops (``demo/cpu_standins.py``), which refuse
-where a GPU is visible: on a GPU node, run a real server instead. Exit status 0 only if every byte matched.
+``--keep``; ``--dir DIR`` puts them in DIR instead (created if missing), which is never removed. It runs on the CPU
+stand-ins for SGLang's GPU copy ops (``demo/cpu_standins.py``), which refuse where a GPU is visible: on a GPU node,
+run a real server instead. Exit status 0 only if every byte matched.
 """
 
 from __future__ import annotations
@@ -126,63 +127,117 @@ def _run(args, work: str, register) -> int:
     if ledger is None:
         print("the plugin is disabled (SGLANG_GLM_EXT_DISABLE=1)", file=sys.stderr)
         return 2
-    from . import cpu_standins, stack
+    demo = _Demo(args, work, t_import)
+    demo.write_back()
+    demo.evict_l2()
+    demo.prefetch()
+    return demo.verdict(demo.restart())
 
-    cpu_standins.install()
-    io = "direct" if args.layout == "page_first_direct" else "kernel"
-    spec = stack.StackSpec(layers=args.layers, layout=args.layout, io_backend=io,
-                           device_pages=args.requests * args.pages + 2)
-    kv_page = spec.page_size * spec.layers * spec.kv_cache_dim
-    cfg = _config(work, kv_page * 5 // 4, args.requests * args.pages)
-    values = {"enable_cp_l3": True, "cp_l3_config": cfg}
-    sa = stack.publish_server_args(spec, storage_backend=None, extra_config='{"prefetch_threshold": 64}',
-                                   plugin_values=values)
-    st = stack.DsaStack.build(spec, sa)
-    be = st.backend
-    kv_pb, idx_pb = be.plan.kv.page_bytes, be.plan.pools["indexer"].page_bytes
-    print(f"  SGLang {type(st.controller).__name__} + {type(be).__name__} via hicache_storage_backend="
-          f"{sa.hicache_storage_backend!r}; host pools: "
-          + ", ".join(f"{n}={type(p).__name__}/{be.plan.pools[n].plan.fmt.layout}" for n, p in be.pools.items()))
-    print(f"  model: {spec.layers} layers, page {spec.page_size} tokens: KV page {kv_pb:,} B + indexer page "
-          f"{idx_pb:,} B; namespace {be.namespace.describe()['digest'][:16]} (kv dtype {be.namespace.kv_dtype}); "
-          f"setup {time.perf_counter() - t_import:.1f}s")
-    requests = [list(range(1 + r * 100_000, 1 + r * 100_000 + args.pages * spec.page_size))
-                for r in range(args.requests)]
-    page_pair = kv_pb + idx_pb
-    failures = []
-    want = {}
 
-    # 1. write-back: device KV -> host (L2) -> L3
-    bar = _Bar("write-back to L3", len(requests))
-    in_sglang = 0.0  # time inside SGLang's HiCache calls (write-through, storage write-back), not the test filler
-    for i, tokens in enumerate(requests):
-        slots = st.insert(tokens)
-        st.fill_device(slots, seed=100 + i)
-        want[i] = st.snapshot_device(slots)
+class _Demo:
+    """One demo run on SGLang's HiCache stack with L3: the requests, the device bytes each must come back as
+    (``want``), and the failures found so far; one method per phase, in the order ``_run`` calls them."""
+
+    def __init__(self, args, work: str, t_import: float):
+        from . import cpu_standins, stack
+
+        cpu_standins.install()
+        io = "direct" if args.layout == "page_first_direct" else "kernel"
+        self.args = args
+        self.spec = spec = stack.StackSpec(layers=args.layers, layout=args.layout, io_backend=io,
+                                           device_pages=args.requests * args.pages + 2)
+        kv_page = spec.page_size * spec.layers * spec.kv_cache_dim
+        cfg = _config(work, kv_page * 5 // 4, args.requests * args.pages)
+        self.values = {"enable_cp_l3": True, "cp_l3_config": cfg}
+        sa = stack.publish_server_args(spec, storage_backend=None, extra_config='{"prefetch_threshold": 64}',
+                                       plugin_values=self.values)
+        self.st = st = stack.DsaStack.build(spec, sa)
+        be = st.backend
+        kv_pb, idx_pb = be.plan.kv.page_bytes, be.plan.pools["indexer"].page_bytes
+        print(f"  SGLang {type(st.controller).__name__} + {type(be).__name__} via hicache_storage_backend="
+              f"{sa.hicache_storage_backend!r}; host pools: "
+              + ", ".join(f"{n}={type(p).__name__}/{be.plan.pools[n].plan.fmt.layout}" for n, p in be.pools.items()))
+        print(f"  model: {spec.layers} layers, page {spec.page_size} tokens: KV page {kv_pb:,} B + indexer page "
+              f"{idx_pb:,} B; namespace {be.namespace.describe()['digest'][:16]} (kv dtype {be.namespace.kv_dtype}); "
+              f"setup {time.perf_counter() - t_import:.1f}s")
+        self.requests = [list(range(1 + r * 100_000, 1 + r * 100_000 + args.pages * spec.page_size))
+                         for r in range(args.requests)]
+        self.page_pair = kv_pb + idx_pb
+        self.failures: list[str] = []
+        self.want: dict = {}
+
+    def write_back(self) -> None:
+        """1. write-back: device KV -> host (L2) -> L3, durable after the store's flush."""
+        st, be, args, page_pair = self.st, self.st.backend, self.args, self.page_pair
+        bar = _Bar("write-back to L3", len(self.requests))
+        in_sglang = 0.0  # time inside SGLang's HiCache calls (write-through, storage write-back), not the test filler
+        for i, tokens in enumerate(self.requests):
+            slots = st.insert(tokens)
+            st.fill_device(slots, seed=100 + i)
+            self.want[i] = st.snapshot_device(slots)
+            t = time.perf_counter()
+            st.write_back_storage(tokens)
+            in_sglang += time.perf_counter() - t
+            bar.update(i + 1, f"{be.store.stats()['spill_accepted']} pages accepted, "
+                              f"{_gbps((i + 1) * args.pages * page_pair, in_sglang)}")
         t = time.perf_counter()
-        st.write_back_storage(tokens)
-        in_sglang += time.perf_counter() - t
-        bar.update(i + 1, f"{be.store.stats()['spill_accepted']} pages accepted, "
-                          f"{_gbps((i + 1) * args.pages * page_pair, in_sglang)}")
-    t = time.perf_counter()
-    be.store.flush()
-    durable = in_sglang + time.perf_counter() - t
-    s = be.store.stats()
-    pages = args.requests * args.pages
-    print(f"    {s['spilled']} pages durable ({pages} KV + {pages} indexer), {pages * page_pair / 1e6:.1f} MB: "
-          f"{_gbps(pages * page_pair, in_sglang)} through SGLang's write-back, {_gbps(pages * page_pair, durable)} "
-          f"to durable (fdatasync + index commit; io {s['io_mode']['target_kv']})")
+        be.store.flush()
+        durable = in_sglang + time.perf_counter() - t
+        s = be.store.stats()
+        pages = args.requests * args.pages
+        print(f"    {s['spilled']} pages durable ({pages} KV + {pages} indexer), {pages * page_pair / 1e6:.1f} MB: "
+              f"{_gbps(pages * page_pair, in_sglang)} through SGLang's write-back, {_gbps(pages * page_pair, durable)} "
+              f"to durable (fdatasync + index commit; io {s['io_mode']['target_kv']})")
 
-    # 2. L2 eviction: nothing of these prompts stays on device or in host memory
-    for tokens in requests:
-        st.evict_device(len(tokens))
-        st.evict_host(len(tokens))
-    left = sum(st.match(t).host_hit_length + st.match(t).device_prefix_len for t in requests)
-    print(f"  L2 eviction: device and host hits left: {left} tokens")
-    if left:
-        failures.append("L2 eviction left tokens behind")
+    def evict_l2(self) -> None:
+        """2. L2 eviction: nothing of these prompts stays on device or in host memory."""
+        st = self.st
+        for tokens in self.requests:
+            st.evict_device(len(tokens))
+            st.evict_host(len(tokens))
+        left = sum(st.match(t).host_hit_length + st.match(t).device_prefix_len for t in self.requests)
+        print(f"  L2 eviction: device and host hits left: {left} tokens")
+        if left:
+            self.failures.append("L2 eviction left tokens behind")
 
-    def prefetch_all(cache_stack, title, tag):
+    def prefetch(self) -> None:
+        """3. prefetch from L3 into host memory, load back to the (zeroed) device, compare KV + indexer bytes."""
+        for pool in (self.st.kv_pool, *self.st.draft_pools):
+            for buf in (*pool.kv_buffer, *pool.index_k_with_scale_buffer):
+                buf.zero_()
+        self._prefetch_all(self.st, "prefetch from L3", "p")
+
+    def restart(self) -> dict:
+        """4. restart: a new cache on the same disk, cold_start = "load", and the same prefetch. Its L3 stats."""
+        from . import stack
+
+        self.st.close()
+        t0 = time.perf_counter()
+        sa2 = stack.publish_server_args(self.spec, storage_backend=None, extra_config='{"prefetch_threshold": 64}',
+                                        plugin_values=self.values)
+        st2 = stack.DsaStack.build(self.spec, sa2)
+        try:
+            print(f"  restart (cold_start=load): {st2.backend.store.stats()['cold_start_loaded_pages']} pages found "
+                  f"durable in {time.perf_counter() - t0:.2f}s")
+            self._prefetch_all(st2, "prefetch after restart", "r")
+            return st2.backend.l3_stats()
+        finally:
+            st2.close()
+
+    def verdict(self, stats: dict) -> int:
+        b, s = stats["backend"], stats["store"]
+        print(f"  after restart: {s['reload_hits']} page reads hit, {s['reload_misses']} missed, backend errors "
+              f"{b['errors']}, verify failures {s['verify_failures']}")
+        if self.failures:
+            print("FAILED:\n  - " + "\n  - ".join(self.failures))
+            return 1
+        print("OK: every KV and indexer byte came back from L3 exactly, before and after the restart")
+        return 0
+
+    def _prefetch_all(self, cache_stack, title: str, tag: str) -> None:
+        """Every request prefetched from L3 and loaded back; its bytes against ``want``."""
+        requests, want, failures, page_size = self.requests, self.want, self.failures, self.spec.page_size
+        page_pair = self.page_pair
         bar = _Bar(title, len(requests))
         dt = 0.0  # time inside SGLang's prefetch (hit query, MIN sync, I/O thread, host insert)
         hits = 0
@@ -195,36 +250,8 @@ def _run(args, work: str, register) -> int:
             if loaded != len(tokens) or not _same(got, want[i]):
                 failures.append(f"{title}: request {i} loaded {loaded}/{len(tokens)} tokens, bytes "
                                 f"{'match' if _same(got, want[i]) else 'DIFFER'}")
-            bar.update(i + 1, f"{hits // spec.page_size} pages hit, {_gbps(hits // spec.page_size * page_pair, dt)}")
-        n = hits // spec.page_size
+            bar.update(i + 1, f"{hits // page_size} pages hit, {_gbps(hits // page_size * page_pair, dt)}")
+        n = hits // page_size
         print(f"    hits {hits}/{sum(map(len, requests))} tokens, {n} KV + {n} indexer pages, "
               f"{n * page_pair / 1e6:.1f} MB at {_gbps(n * page_pair, dt)} through SGLang's prefetch; "
               f"bytes {'exact' if not failures else 'CHECK FAILED'} after load-back")
-
-    # 3. prefetch from L3 into host memory, load back to the device, compare KV + indexer bytes
-    for pool in (st.kv_pool, *st.draft_pools):
-        for buf in (*pool.kv_buffer, *pool.index_k_with_scale_buffer):
-            buf.zero_()
-    prefetch_all(st, "prefetch from L3", "p")
-
-    # 4. restart: a new cache on the same disk, cold_start = "load"
-    st.close()
-    t0 = time.perf_counter()
-    sa2 = stack.publish_server_args(spec, storage_backend=None, extra_config='{"prefetch_threshold": 64}',
-                                    plugin_values=values)
-    st2 = stack.DsaStack.build(spec, sa2)
-    try:
-        print(f"  restart (cold_start=load): {st2.backend.store.stats()['cold_start_loaded_pages']} pages found durable in "
-              f"{time.perf_counter() - t0:.2f}s")
-        prefetch_all(st2, "prefetch after restart", "r")
-        stats = st2.backend.l3_stats()
-    finally:
-        st2.close()
-    b, s = stats["backend"], stats["store"]
-    print(f"  after restart: {s['reload_hits']} page reads hit, {s['reload_misses']} missed, backend errors "
-          f"{b['errors']}, verify failures {s['verify_failures']}")
-    if failures:
-        print("FAILED:\n  - " + "\n  - ".join(failures))
-        return 1
-    print("OK: every KV and indexer byte came back from L3 exactly, before and after the restart")
-    return 0
