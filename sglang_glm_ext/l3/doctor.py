@@ -1,6 +1,8 @@
 """L3's part of ``sglang-glm-ext doctor``, one part for the whole feature:
 
-* under ``hardware``, each configured L3 path: exists, O_DIRECT, free space against its budget (``l3_paths``),
+* under ``hardware``, each configured L3 path: exists, O_DIRECT, free space against its budget (``l3_paths``; the
+  launch check's own probe, ``disk/probe.py``: every directory the engine writes in created and written in
+  miniature, nothing left behind),
   and the checksum's build: the xxhash version and the vector unit XXH3 runs on (``l3_checksum``; a warning, not a
   problem, when the CPU has vector units the build leaves unused);
 * the top-level ``"l3"`` section: the backend class SGLang will build, the extra config the flag hook resolves to,
@@ -77,18 +79,29 @@ def _load(path: str | None, enabled: bool):
 
 
 def l3_paths(cfg, config_path: str, problems: list[str]) -> list[dict[str, Any]]:
-    """One row per configured disk (exists, O_DIRECT, free space, the budget fit); its problems join ``problems``."""
-    from .disk.space import budget_fit, probe_path
+    """One row per configured disk: exists, O_DIRECT and free space as the launch check's probe found them (every
+    directory the engine writes in, created and written in miniature), and the budget's fit; its problems join
+    ``problems`` in the launch check's own words."""
+    from .disk.probe import probe_config
+    from .disk.space import budget_fit
 
-    rows = []
+    probes = probe_config(cfg)
+    where = f"--cp-l3-config {config_path}: "
     fit = budget_fit(cfg, config_path)  # what the launch check refuses, in the same words
-    for disk, space in zip(cfg.disks, fit):
-        row = probe_path(disk.path, disk.budget)
+    rows = []
+    for i, (disk, space) in enumerate(zip(cfg.disks, fit)):
+        mine = [p for p in probes if p.key == f"disks[{i}].path"]
+        first = mine[0]
+        row = {"path": disk.path, "exists": first.exists, "budget_bytes": disk.budget,
+               "free_bytes": space.get("free_bytes", first.free_bytes), "o_direct": first.o_direct,
+               "o_direct_detail": first.o_direct_detail,
+               "problems": list(dict.fromkeys(where + p.problem for p in mine if p.problem))}
         row.update({k: space[k] for k in ("slab_bytes", "held_bytes", "need_bytes") if k in space})
-        if space.get("problem"):
+        if space.get("problem") and not row["problems"]:  # a path that cannot be used has no budget to fit
             row["problems"].append(space["problem"])
         rows.append(row)
-        problems.extend(row.get("problems", []))
+        problems.extend(row["problems"])
+    problems.extend(where + p.problem for p in probes if p.problem and p.key == "index.path")
     return rows
 
 

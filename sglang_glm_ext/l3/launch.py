@@ -57,8 +57,6 @@ def plan_launch(enabled: bool, config_path: str | None, server_args: Any = None)
         _check_server_args(server_args)
     if not config_path:
         raise PluginFlagError(NEEDS_CONFIG)
-    if not os.path.isfile(config_path):
-        raise PluginFlagError(f"--cp-l3-config {config_path!r}: no such file")
     read = _read(config_path)
     if not read.disks_checked:
         _check_disks(read.config, config_path)
@@ -95,6 +93,9 @@ def _key(st: os.stat_result) -> tuple:
 
 
 def _read(path: str) -> _Read:
+    if not os.path.isfile(path):  # the launch and doctor say it in these words, so doctor says it once
+        raise PluginFlagError(f"--cp-l3-config {path}: no such file; give the path of an L3 config "
+                              f"(sglang-glm-ext l3 example-config --dir DIR writes one)")
     where = os.path.abspath(path)
     kept = _READS.get(where)
     if kept is not None:
@@ -141,15 +142,14 @@ def _check_server_args(server_args: Any) -> None:
 
 def _check_disks(cfg: L3Config, path: str) -> None:
     from .disk.plp import PlpRequiredError, check_plp, probe_plp
+    from .disk.probe import probe_config
     from .disk.space import budget_fit, nearest_dir
 
-    for what, p in [*((f"disks[{i}].path", d.path) for i, d in enumerate(cfg.disks)), ("index.path", cfg.index_path)]:
-        if os.path.exists(p) and not os.path.isdir(p):
-            raise PluginFlagError(f"--cp-l3-config {path}: {what} {p!r} exists and is not a directory")
-        base = nearest_dir(p)
-        if not os.access(base, os.W_OK | os.X_OK):
-            raise PluginFlagError(f"--cp-l3-config {path}: {what} {p!r} is not writable by this user "
-                                  f"({base} is not writable)")
+    # Every directory the engine will create and write in, proven by doing it in miniature (doctor reports the same
+    # probes): a bad path stops here, before the model loads, not at attach.
+    for probe in probe_config(cfg):
+        if probe.problem:
+            raise PluginFlagError(f"--cp-l3-config {path}: {probe.problem}")
     # The budget against the free space, before the model loads (the store would only find out at attach, when it
     # preallocates); the same computation doctor reports. The deployment's existing slabs count as space held.
     for row in budget_fit(cfg, path):

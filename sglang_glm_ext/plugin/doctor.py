@@ -45,6 +45,9 @@ as at a launch), or its whole command line after `--` (plugin/launch.py): leadin
 process's environment first, then SGLang's parser (the plugin's flags on it) reads exactly those arguments and
 ServerArgs.from_cli_args runs the plugin's launch checks. What SGLang's parser or those checks refuse is a problem.
 Every problem carries a fix (a part's `Problem.fix`, else its `DoctorPart.fix`).
+
+Text: a summary a screen tall by default (`render_summary`: versions, patch counts, one line per feature, every
+problem with its fix); `-v` (the CLI's global count) adds every patch, each part's hardware lines and the L3 state.
 """
 
 from __future__ import annotations
@@ -234,76 +237,18 @@ def collect(flag_values: dict[str, Any] | None = None, launch: dict[str, Any] | 
     the plugin has registered (its flags are then on that parser, as in a server)."""
     loaded_via = _load_plugin()
     status = compat.version_status()
-    ledger = plugin.ledger_state()
     problems = _Problems()
     _sglang_problems(status, problems)
-
-    patches = []
-    for p in (ledger.patches if ledger else ()):
-        st = ledger.status.get(p.id)
-        patches.append({
-            "id": p.id, "target": p.target, "feature": p.feature.name, "tier": p.tier.value,
-            "state": st.state.value if st else State.PENDING.value, "detail": st.detail if st else "",
-        })
-        if st and st.state is State.FAILED:
-            problems.add(f"patch {p.id} on {p.target} failed: {st.detail}", "plugin", FIX_CONTRACT)
-
-    launch = dict(launch or {})
-    sections: dict[str, Any] = {}
-    if command is not None:
-        ns = _parse_launch(command, problems)
-        sections["launch"] = {"command": command.describe(), "entry": command.entry, "env": dict(command.env),
-                              "argv": list(command.argv), "parsed": ns is not None}
-        flag_values, parsed = _launch_from_namespace(ns, launch.get("ranks_per_node")) if ns else ({}, {})
-        launch = parsed
-    else:
-        _check_sglang_options(launch, problems)
-    values = dict(flags.get())
-    values.update({k: v for k, v in (flag_values or {}).items() if v not in (None, False)})
-    if command is None:  # a launch line already ran these checks through the plugin's own hooks
-        try:
-            flags.validate(values)
-        except PluginFlagError as exc:
-            problems.add(f"launch refused: {exc}", "launch", FIX_REFUSED)
-
+    patches = _patch_rows(problems)
+    values, launch, sections = _launch_checked(flag_values, dict(launch or {}), command, problems)
     cuda, gpu_list = gpus()
-    versions = {"python": platform.python_version(), "sglang": status.installed,
-                "torch": compat.installed_version("torch"),
-                # sglang pins the `sgl-deep-gemm` distribution (import name deep_gemm)
-                "deep_gemm": compat.installed_version("sgl-deep-gemm") or compat.installed_version("deep_gemm")
-                or compat.installed_version("deep-gemm"),
-                "flashinfer": compat.installed_version("flashinfer-python") or compat.installed_version("flashinfer")}
+    versions = _versions(status)
     hardware: dict[str, Any] = {"cuda_available": cuda, "gpus": gpu_list}
     probe = DoctorInput(values=values, gpus=tuple(gpu_list), versions=versions,
                         launch={k: v for k, v in launch.items() if v is not None})
-    node_unavailable: dict[str, str] = {}
-    part_problems: list[tuple[str, str]] = []
-    for part in DOCTOR_PARTS:  # each folder's part: its hardware keys, its top-level sections and its problems
-        got = part.report(probe)
-        _check_part_keys(part, got)
-        hardware.update(got.hardware)
-        sections.update(got.sections)
-        node_unavailable.update(got.unavailable)
-        part_problems += [(p, part.source, got.fix) for p in got.problems]
-
-    server = SimpleNamespace(**launch)  # active_when reads SGLang's own arguments
-    feats = []
-    for f in FEATURES:
-        active = f.switched_on(values, server)
-        why = features.why_unavailable(f) if not plugin.is_disabled() else "plugin disabled"
-        if why and active:
-            problems.add(f"feature {f.name} is switched on but cannot work: {why}", "plugin", _fix_unavailable(why))
-        node = node_unavailable.get(f.name, "")
-        if not node and f.needs_cuda_gpu and not gpu_list:
-            node = "needs a CUDA GPU; none is visible on this node"
-            if active:
-                switch = " / ".join(fl.cli for fl in f.flags if fl.switch) or f.name
-                problems.add(f"feature {f.name} is switched on but {node}", "plugin",
-                             f"run this launch on a GPU node, or leave out {switch}")
-        why = "; ".join(w for w in (why, node) if w)
-        feats.append({"name": f.name, "title": f.title, "active": active, "available": not why,
-                      "why_unavailable": why})
-    for problem, source, fix in part_problems:
+    node_unavailable, part_problems = _gather_parts(probe, hardware, sections)
+    feats = _feature_rows(values, launch, gpu_list, node_unavailable, problems)
+    for problem, source, fix in part_problems:  # after the plugin's and the launch's: theirs come first
         problems.add(problem, source, fix)
 
     texts = problems.texts()
@@ -327,6 +272,90 @@ def collect(flag_values: dict[str, Any] | None = None, launch: dict[str, Any] | 
         raise RuntimeError(f"doctor parts claim fixed report keys: {sorted(clash)}")
     report.update(sections)
     return report
+
+
+def _patch_rows(problems: _Problems) -> list[dict[str, Any]]:
+    """Every declared patch with its live state; a failed one is a problem."""
+    ledger = plugin.ledger_state()
+    rows = []
+    for p in (ledger.patches if ledger else ()):
+        st = ledger.status.get(p.id)
+        rows.append({"id": p.id, "target": p.target, "feature": p.feature.name, "tier": p.tier.value,
+                     "state": st.state.value if st else State.PENDING.value, "detail": st.detail if st else ""})
+        if st and st.state is State.FAILED:
+            problems.add(f"patch {p.id} on {p.target} failed: {st.detail}", "plugin", FIX_CONTRACT)
+    return rows
+
+
+def _launch_checked(flag_values: dict[str, Any] | None, launch: dict[str, Any],
+                    command: launch_line.Command | None, problems: _Problems):
+    """(plugin flag values, SGLang-side launch values, the "launch" section) of the launch being checked, its
+    refusals added to ``problems``: a launch line through SGLang's parser and the plugin's hooks, or doctor's own
+    options through SGLang's parser and the plugin's flag check."""
+    sections: dict[str, Any] = {}
+    if command is not None:
+        ns = _parse_launch(command, problems)
+        sections["launch"] = {"command": command.describe(), "entry": command.entry, "env": dict(command.env),
+                              "argv": list(command.argv), "parsed": ns is not None}
+        flag_values, launch = _launch_from_namespace(ns, launch.get("ranks_per_node")) if ns else ({}, {})
+    else:
+        _check_sglang_options(launch, problems)
+    values = dict(flags.get())
+    values.update({k: v for k, v in (flag_values or {}).items() if v not in (None, False)})
+    if command is None:  # a launch line already ran these checks through the plugin's own hooks
+        try:
+            flags.validate(values)
+        except PluginFlagError as exc:
+            problems.add(f"launch refused: {exc}", "launch", FIX_REFUSED)
+    return values, launch, sections
+
+
+def _versions(status: compat.VersionStatus) -> dict[str, Any]:
+    return {"python": platform.python_version(), "sglang": status.installed,
+            "torch": compat.installed_version("torch"),
+            # sglang pins the `sgl-deep-gemm` distribution (import name deep_gemm)
+            "deep_gemm": compat.installed_version("sgl-deep-gemm") or compat.installed_version("deep_gemm")
+            or compat.installed_version("deep-gemm"),
+            "flashinfer": compat.installed_version("flashinfer-python") or compat.installed_version("flashinfer")}
+
+
+def _gather_parts(probe: DoctorInput, hardware: dict[str, Any], sections: dict[str, Any]):
+    """Every folder's part, gathered: its hardware keys and top-level sections go into ``hardware`` and
+    ``sections``; returns (feature -> why this node cannot serve it, [(problem, source, fix)])."""
+    node_unavailable: dict[str, str] = {}
+    part_problems: list[tuple[str, str, str]] = []
+    for part in DOCTOR_PARTS:
+        got = part.report(probe)
+        _check_part_keys(part, got)
+        hardware.update(got.hardware)
+        sections.update(got.sections)
+        node_unavailable.update(got.unavailable)
+        part_problems += [(p, part.source, got.fix) for p in got.problems]
+    return node_unavailable, part_problems
+
+
+def _feature_rows(values: dict[str, Any], launch: dict[str, Any], gpu_list: list, node_unavailable: dict[str, str],
+                  problems: _Problems) -> list[dict[str, Any]]:
+    """One row per feature: switched on for this launch, and whether it can work here; a feature switched on that
+    cannot is a problem."""
+    server = SimpleNamespace(**launch)  # active_when reads SGLang's own arguments
+    feats = []
+    for f in FEATURES:
+        active = f.switched_on(values, server)
+        why = features.why_unavailable(f) if not plugin.is_disabled() else "plugin disabled"
+        if why and active:
+            problems.add(f"feature {f.name} is switched on but cannot work: {why}", "plugin", _fix_unavailable(why))
+        node = node_unavailable.get(f.name, "")
+        if not node and f.needs_cuda_gpu and not gpu_list:
+            node = "needs a CUDA GPU; none is visible on this node"
+            if active:
+                switch = " / ".join(fl.cli for fl in f.flags if fl.switch) or f.name
+                problems.add(f"feature {f.name} is switched on but {node}", "plugin",
+                             f"run this launch on a GPU node, or leave out {switch}")
+        why = "; ".join(w for w in (why, node) if w)
+        feats.append({"name": f.name, "title": f.title, "active": active, "available": not why,
+                      "why_unavailable": why})
+    return feats
 
 
 def patch_counts(patches: list[dict[str, Any]]) -> dict[str, int]:
@@ -363,6 +392,7 @@ def patch_summary(report: dict[str, Any], *, brief: bool = False) -> str:
 
 
 def render_text(report: dict[str, Any]) -> str:
+    """Everything (`doctor -v`): versions, every patch with its state, features, each part's hardware lines."""
     lines = [f"sglang-glm-ext {report['plugin']['version']}  (loaded via {report['plugin']['loaded_via']})"]
     s = report["sglang"]
     lines.append(f"sglang {s['installed']}: {'supported' if s['supported'] else 'NOT supported'} "
@@ -378,25 +408,52 @@ def render_text(report: dict[str, Any]) -> str:
             if p["state"] == State.SKIPPED.value else p["state"]
         detail = f"  ({p['detail']})" if p["detail"] else ""
         lines.append(f"  [{state:>7}] {p['id']:<28} {p['target']}{detail}")
-    lines.append("features:")
+    lines += _feature_lines(report)
+    h = report["hardware"]
+    lines.append(_gpu_line(h))
+    for part in DOCTOR_PARTS:  # each folder renders the keys it owns
+        lines.extend(part.render({k: h[k] for k in part.hardware if k in h},
+                                 {k: report[k] for k in part.sections if k in report}))
+    return "\n".join(lines + _problem_lines(report))
+
+
+def render_summary(report: dict[str, Any]) -> str:
+    """The default text, a screen tall: what runs, one line per feature with its verdict, every problem in full
+    with its fix; the patch list, the hardware details and the L3 state are `-v`'s."""
+    s = report["sglang"]
+    lines = [f"sglang-glm-ext {report['plugin']['version']} on sglang {s['installed']} "
+             f"({'supported' if s['supported'] else 'NOT supported: ' + ', '.join(s['supported_versions'])}), "
+             f"torch {report['versions']['torch']}"]
+    if report.get("launch"):
+        lines.append(f"launch checked: {report['launch']['command']}")
+    lines.append(f"patches: {patch_summary(report, brief=True)}")
+    lines += _feature_lines(report)
+    lines.append(_gpu_line(report["hardware"]))
+    lines.append("(doctor -v: every patch, the hardware and the L3 state; --json: all of it)")
+    return "\n".join(lines + _problem_lines(report))
+
+
+def _feature_lines(report: dict[str, Any]) -> list[str]:
+    lines = ["features:"]
     for f in report["features"]:
         state = "active" if f["active"] else "off"
         avail = "available" if f["available"] else f"unavailable: {f['why_unavailable']}"
         lines.append(f"  {f['name']:<14} {state:<7} {avail}")
-    h = report["hardware"]
-    gpu_s = ", ".join(f"{g['name']} (SM{g['sm']})" for g in h["gpus"]) or "none"
-    lines.append(f"hardware: GPUs: {gpu_s}")
-    for part in DOCTOR_PARTS:  # each folder renders the keys it owns
-        lines.extend(part.render({k: h[k] for k in part.hardware if k in h},
-                                 {k: report[k] for k in part.sections if k in report}))
+    return lines
+
+
+def _gpu_line(hardware: dict[str, Any]) -> str:
+    return "hardware: GPUs: " + (", ".join(f"{g['name']} (SM{g['sm']})" for g in hardware["gpus"]) or "none")
+
+
+def _problem_lines(report: dict[str, Any]) -> list[str]:
     if report["ok"]:
-        lines.append("OK")
-    else:
-        lines.append("PROBLEMS:")
-        for row in report["problem_details"]:
-            lines.append(f"  - {row['problem']}")
-            lines.append(f"    fix: {row['fix'] or '(none known: please report it)'}")
-    return "\n".join(lines)
+        return ["OK"]
+    lines = ["PROBLEMS:"]
+    for row in report["problem_details"]:
+        lines.append(f"  - {row['problem']}")
+        lines.append(f"    fix: {row['fix'] or '(none known: please report it)'}")
+    return lines
 
 
 def render_brief(report: dict[str, Any]) -> str:
@@ -432,6 +489,8 @@ def main(args) -> int:
         sys.stdout.write("\n")
     elif getattr(args, "brief", False):
         print(render_brief(report))
-    else:
+    elif getattr(args, "verbose", 0):  # the CLI's global -v / --verbose count
         print(render_text(report))
+    else:
+        print(render_summary(report))
     return 0 if report["ok"] else 1

@@ -179,7 +179,10 @@ def test_doctor_cli_reports_the_fit_of_a_launch(_doctor):
     assert set(hpinfo) == ALL_KEYS
     assert hpinfo["fit"]["fits"] is False and hpinfo["fit"]["ranks_source"] == "--ranks-per-node"
     assert any("not enough 2 MB hugepages" in p for p in rep["problems"])
+    # The short default names the problem; -v adds the hugepage table with the verdict.
     text = _doctor("--hicache-size", "1000000", "--ranks-per-node", "1000", env={"SGLANG_HUGEPAGE_SIZE": "2MB"})
+    assert "not enough 2 MB hugepages" in text.stdout
+    text = _doctor("-v", "--hicache-size", "1000000", "--ranks-per-node", "1000", env={"SGLANG_HUGEPAGE_SIZE": "2MB"})
     assert "DOES NOT FIT" in text.stdout and "hugepages 2 MB: total" in text.stdout
 
 

@@ -35,3 +35,14 @@ def test_a_config_that_does_not_load_is_refused_and_a_good_one_passes(tmp_path):
     good.write_text(example_config(str(tmp_path / "disk")))
     feature.validate(values(enable_cp_l3=True, cp_l3_config=str(good)))
     feature.validate(values())  # off and unconfigured: nothing to check
+
+
+def test_a_disk_path_the_engine_cannot_create_is_refused_at_validation(tmp_path):
+    """The flag check runs at server-args time, before the model loads: the disk path is proven there."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    cfg = tmp_path / "l3.toml"
+    cfg.write_text(example_config(str(tmp_path)).replace(f'"{tmp_path}/disk0"', f'"{blocker}/disk0"'))
+    assert f'"{blocker}/disk0"' in cfg.read_text()
+    with pytest.raises(PluginFlagError, match=r"disks\[0\]\.path .*afile is not a directory; point disks\[0\]"):
+        feature.validate(values(enable_cp_l3=True, cp_l3_config=str(cfg)))

@@ -87,10 +87,53 @@ def test_a_refused_disk_check_is_not_kept(tmp_path, monkeypatch):
     assert len(opened) == 1
 
 
-def test_doctor_keeps_its_words_for_a_config_it_cannot_read(tmp_path):
+def test_a_missing_config_is_said_in_one_wording_by_the_launch_and_by_doctor(tmp_path):
+    """doctor meets a missing config twice (the launch check, and the L3 part reading the file): the same words, so
+    it reports it once."""
     missing = str(tmp_path / "none.toml")
-    part = doctor.report(DoctorInput(values(cp_l3_config=missing), (), {}))
-    (problem,) = part.problems
-    assert problem.startswith(f"--cp-l3-config {missing}: <file>: cannot read L3 config {missing!r}"), problem
-    with pytest.raises(PluginFlagError, match="no such file"):  # the launch says it its own way, as before
+    with pytest.raises(PluginFlagError) as refused:
         feature.validate(values(enable_cp_l3=True, cp_l3_config=missing))
+    part = doctor.report(DoctorInput(values(cp_l3_config=missing), (), {}))
+    assert part.problems == (str(refused.value),)
+    assert str(refused.value) == (f"--cp-l3-config {missing}: no such file; give the path of an L3 config "
+                                  "(sglang-glm-ext l3 example-config --dir DIR writes one)")
+
+
+def _with_path(cfg: str, key: str, new: str) -> str:
+    """The config file ``cfg`` with its ``disks[0].path`` or ``index.path`` replaced by ``new``."""
+    text = open(cfg).read()
+    old = os.path.join(os.path.dirname(cfg), "disk0" if key == "disks[0].path" else "index")
+    assert f'path = "{old}"' in text
+    open(cfg, "w").write(text.replace(f'path = "{old}"', f'path = "{new}"'))
+    return cfg
+
+
+@pytest.mark.parametrize("key", ["disks[0].path", "index.path"])
+@pytest.mark.parametrize("kind", ["under a file", "proc"])
+def test_a_bad_path_stops_the_launch_before_the_model_loads_and_doctor_says_the_same(tmp_path, key, kind):
+    """Before, a disk path under a regular file passed the launch check and doctor (exit 0) and the server died at
+    attach, after the model had loaded; a path under /proc was refused for having "0 B free"."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    bad = str(blocker / "l3") if kind == "under a file" else "/proc/glm-ext-l3-test"
+    cfg = _with_path(write_config(tmp_path), key, bad)
+    with pytest.raises(PluginFlagError) as refused:
+        feature.validate(values(enable_cp_l3=True, cp_l3_config=cfg))
+    msg = str(refused.value)
+    assert msg.startswith(f"--cp-l3-config {cfg}: {key} {bad}") and "\n" not in msg, msg
+    assert f"point {key} at a directory" in msg and "free" not in msg, msg
+    assert (f"{blocker} is not a directory" if kind == "under a file" else "proc file system") in msg, msg
+    part = doctor.report(DoctorInput(values(enable_cp_l3=True, cp_l3_config=cfg), (), {}))
+    assert part.problems == (msg,)  # one problem, the launch's own line
+    assert part.sections["l3"]["error"] == msg
+    if key == "disks[0].path":
+        (row,) = part.hardware["l3_paths"]
+        assert row["problems"] == [msg] and row["o_direct"] is None
+    assert blocker.read_text() == "x" and not os.path.exists("/proc/glm-ext-l3-test")
+
+
+def test_a_launch_check_that_passes_leaves_nothing_behind(tmp_path):
+    cfg = write_config(tmp_path)
+    launch.plan_launch(True, cfg)
+    doctor.report(DoctorInput(values(enable_cp_l3=True, cp_l3_config=cfg), (), {}))
+    assert sorted(os.listdir(os.path.dirname(cfg))) == ["l3.toml"]  # no slab directory, no index, no probe file

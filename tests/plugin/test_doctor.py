@@ -90,7 +90,7 @@ def test_l3_section_shows_backend_class_extra_config_and_state(tmp_path):
     assert l3["backend_class"] == "sglang_glm_ext.l3.hicache.backend.L3HiCacheStorage"
     assert l3["extra_config"]["backend_name"] == "sglang_glm_ext.l3" and l3["extra_config"]["interface_v1"] == 1
     assert l3["state"]["deployment_id"] == "example" and l3["state"]["index"]["exists"] is False
-    text = doctor("--enable-cp-l3", "--cp-l3-config", cfg).stdout
+    text = doctor("-v", "--enable-cp-l3", "--cp-l3-config", cfg).stdout
     assert "L3 backend: sglang_glm_ext.l3.hicache.backend.L3HiCacheStorage" in text and "extra config:" in text
 
 
@@ -100,10 +100,39 @@ def test_kill_switch_shows_disabled_plugin():
     assert rep["plugin"]["disabled"] is True and rep["patches"] == []
 
 
-def test_text_output_lists_patches():
+def test_text_output_is_a_short_summary_and_verbose_lists_patches(report):
     proc = doctor()
     assert proc.returncode == 0
-    assert "[applied] flags.cli_group" in proc.stdout
+    lines = proc.stdout.splitlines()
+    assert len(lines) <= 8 + len(report["features"]), proc.stdout  # a screen tall: no patch or hardware rows
+    assert lines[-1] == "OK" and "[applied]" not in proc.stdout and "hugepages 2 MB" not in proc.stdout
+    for f in report["features"]:  # one line per feature with its verdict
+        assert sum(ln.startswith(f"  {f['name']} ") for ln in lines) == 1, f["name"]
+    verbose = doctor("-v")
+    assert verbose.returncode == 0
+    assert "[applied] flags.cli_group" in verbose.stdout and "L3 checksum: xxhash" in verbose.stdout
+    assert verbose.stdout.splitlines()[-1] == "OK"
+
+
+def test_a_bad_l3_disk_path_is_one_problem_before_anything_loads(tmp_path):
+    """Before, a disk path under a regular file passed doctor (exit 0) and the launch died at attach."""
+    from sglang_glm_ext.l3.config import write_example_config
+
+    cfg = write_example_config(str(tmp_path / "l3"))
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    text = open(cfg).read().replace(f'"{tmp_path}/l3/disk0"', f'"{blocker}/disk0"')
+    open(cfg, "w").write(text)
+    proc = doctor("--enable-cp-l3", "--cp-l3-config", cfg)
+    assert proc.returncode == 1, proc.stdout
+    block = proc.stdout.split("PROBLEMS:\n", 1)[1].splitlines()
+    assert len(block) == 2 and block[0].startswith(f"  - launch refused: --cp-l3-config {cfg}: disks[0].path "), block
+    assert f"{blocker} is not a directory; point disks[0].path at a directory" in block[0]
+    assert block[1].startswith("    fix: ")
+    missing = str(tmp_path / "none.toml")
+    rep = json.loads(doctor("--json", "--enable-cp-l3", "--cp-l3-config", missing).stdout)
+    assert rep["problems"] == [f"launch refused: --cp-l3-config {missing}: no such file; give the path of an L3 "
+                               "config (sglang-glm-ext l3 example-config --dir DIR writes one)"]  # said once
 
 
 def test_unsupported_sglang_is_reported_not_exited_even_with_feature_flags():
@@ -140,7 +169,7 @@ def test_demo_only_patches_are_counted_apart_not_as_missing(report):
     assert brief.stdout.strip() == (f"sglang-glm-ext {report['plugin']['version']}: {serving}/{serving} serving "
                                     f"patches applied (+{demo} demo/test-only, not applied by design) "
                                     f"(+{cpu} CPU-serving stand-ins, off) (+{gpu} GPU bring-up, off), ok")
-    text = doctor().stdout
+    text = doctor("-v").stdout
     assert f"patches: {serving}/{serving} serving patches applied (+{demo} demo/test-only, never applied in a server" \
         in text
     assert "[   demo] l3_demo.cpu_kvcacheio" in text and "[skipped]" not in text

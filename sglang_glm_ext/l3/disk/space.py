@@ -1,9 +1,10 @@
-"""Whether a configured L3 path can take O_DIRECT writes and has room for its budget.
+"""Whether a configured L3 path has room for its budget (and whether a directory takes O_DIRECT writes).
 
 One computation of "does the budget fit" (:func:`budget_fit`), used by ``doctor`` and by the launch check
 (``launch.plan_launch``, before the model loads): for every file system the config's disks live on, the
 slab bytes the budget will preallocate there, minus what this deployment's slabs already hold on it (an existing,
-preallocated slab is space already taken, not needed again), must fit in its free space.
+preallocated slab is space already taken, not needed again), must fit in its free space. Whether the engine can
+create and write its directories at all is ``probe.py``'s, asked first.
 """
 
 from __future__ import annotations
@@ -119,16 +120,3 @@ def budget_fit(cfg, source: str | None = None) -> list[dict[str, Any]]:
                 f"hold there, and the file system{shared} has {_gib(free)} free; lower disks[{r['disk']}].budget to "
                 f"at most {_gib(cap)} or free space there")
     return rows
-
-
-def probe_path(path: str, budget_bytes: int | None = None) -> dict[str, Any]:
-    """O_DIRECT and writability of one configured path (the budget's fit is :func:`budget_fit`'s)."""
-    row: dict[str, Any] = {"path": path, "exists": os.path.isdir(path), "budget_bytes": budget_bytes,
-                           "problems": []}
-    probe_dir = nearest_dir(path)
-    row["free_bytes"] = free_bytes(probe_dir)
-    ok, why = o_direct_works(probe_dir)
-    row["o_direct"], row["o_direct_detail"] = ok, why
-    if not os.access(probe_dir, os.W_OK):
-        row["problems"].append(f"L3 path {path}: not writable")
-    return row

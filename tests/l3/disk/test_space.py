@@ -19,8 +19,7 @@ import pytest
 
 import l3kit
 from sglang_glm_ext.l3.disk.slab import DiskSlab
-from sglang_glm_ext.l3.disk.space import (budget_fit, free_bytes, nearest_dir, o_direct_works, probe_path,
-                                           slab_bytes_held)
+from sglang_glm_ext.l3.disk.space import budget_fit, free_bytes, nearest_dir, o_direct_works, slab_bytes_held
 
 SLOT = 4096
 SLACK = 256 * 2**20  # what other writers on the shared disk may change between two reads of its free space
@@ -251,36 +250,3 @@ def test_disks_on_different_file_systems_are_not_added_up(tmp_path):
                                       (theirs, int(free_bytes(shm) * 0.6))], ranks={"count": 2}))
     assert [r["problem"] for r in rows] == ["", ""], rows
     assert not os.path.exists(theirs)
-
-
-# ------------------------------------------------------------------------------------------------ probe_path
-def test_probe_path_of_an_existing_directory(tmp_path):
-    row = probe_path(str(tmp_path), 123)
-    assert row["path"] == str(tmp_path) and row["exists"] is True and row["budget_bytes"] == 123
-    assert row["free_bytes"] > 0 and row["problems"] == []
-    want = _independent_o_direct(tmp_path)
-    if want in (0, errno.EINVAL):
-        assert row["o_direct"] is (want == 0)
-    assert _probe_files(tmp_path) == []
-
-
-def test_probe_path_of_a_path_not_created_yet_probes_its_ancestor_and_creates_nothing(tmp_path):
-    target = tmp_path / "l3" / "disk0"
-    row = probe_path(str(target))
-    assert row["exists"] is False and row["budget_bytes"] is None and row["problems"] == []
-    assert row["o_direct"] is not None  # tried in tmp_path, the nearest directory that exists
-    assert not (tmp_path / "l3").exists() and _probe_files(tmp_path) == []
-
-
-def test_probe_path_of_a_directory_nobody_may_write_names_the_problem(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root writes any directory: the permission cannot be taken away here")
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
-    try:
-        row = probe_path(str(ro / "l3"))
-        assert row["problems"] == [f"L3 path {ro / 'l3'}: not writable"]
-        assert row["o_direct"] is None  # no file could be created to try it
-    finally:
-        ro.chmod(0o700)
