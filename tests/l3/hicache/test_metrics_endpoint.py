@@ -96,8 +96,12 @@ def test_metrics_move_with_a_hicache_run_scraped_through_sglangs_endpoint_in_mul
     from fastapi import FastAPI
     from starlette.testclient import TestClient
 
+    import prometheus_client  # noqa: F401
     from sglang.srt.utils.common import add_prometheus_middleware
 
+    # prometheus_client picks its value store at its first import: imported before the variable is set, this process
+    # (which only reads the directory) keeps in-process values, and a test after this one can still make a metric
+    # once the variable is gone again.
     prom = tmp_path / "prom"
     prom.mkdir()
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(prom))
