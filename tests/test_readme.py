@@ -121,8 +121,10 @@ def test_the_wheel_the_readme_installs_builds_and_carries_the_plugin(tmp_path):
 
     install = next(b for b in _bash_blocks((ROOT / "README.md").read_text()) if "pip wheel --no-deps" in b)
     assert "pip install dist/sglang_glm_ext-" in install
-    # a copy of the tracked files: what a fresh checkout holds, and no build/ left in this one
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.split(b"\0")
+    # a copy of the files git keeps (tracked, or new and not ignored: what the next commit's checkout holds, as
+    # scripts/gpu/build_carry.py copies them), and no build/ left in this one
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.split(b"\0")
     src = tmp_path / "checkout"
     for name in filter(None, (f.decode() for f in files)):
         dest = src / name
@@ -142,6 +144,9 @@ def test_the_wheel_the_readme_installs_builds_and_carries_the_plugin(tmp_path):
     eps = zipfile.ZipFile(wheel).read(f"sglang_glm_ext-{__version__}.dist-info/entry_points.txt").decode()
     assert "[sglang.srt.plugins]\nglm_ext = sglang_glm_ext:register" in eps
     assert "[console_scripts]\nsglang-glm-ext = sglang_glm_ext.cli:main" in eps
+    meta = zipfile.ZipFile(wheel).read(f"sglang_glm_ext-{__version__}.dist-info/METADATA").decode()
+    assert "\nLicense: Apache-2.0\n" in meta and "](docs/" not in meta  # the index page links no docs/ file
+    assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True, timeout=600)
@@ -153,6 +158,33 @@ def test_the_wheel_the_readme_installs_builds_and_carries_the_plugin(tmp_path):
     out = proc.stdout.splitlines()
     assert out[0].startswith(str(target)) and out[1] == "sglang_glm_ext:register", proc.stdout + proc.stderr
     assert out[2] == f"sglang-glm-ext {__version__}"
+
+
+# ---- packaging: what the index page and the wheel say ----
+
+def _project() -> dict:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def test_the_long_description_links_nothing_the_wheel_lacks():
+    """The index page is the package's long description: a relative link there (to docs/, to the README's
+    neighbours) is dead, since neither the wheel nor the index page carries those files."""
+    readme = _project()["readme"]
+    assert isinstance(readme, dict) and readme["content-type"] == "text/markdown"
+    text = readme["text"]
+    targets = re.findall(r"\]\(([^)]*)\)", text) + re.findall(r"^\s*\[[^\]]+\]:\s*(\S+)", text, re.M)
+    assert [u for u in targets if not u.startswith("https://")] == []
+    assert "sglang==0.5.23" in text and "docs/" in text  # where the operator docs are, named, not linked
+
+
+def test_the_license_file_is_the_apache_2_text_the_metadata_names():
+    assert _project()["license"] == {"text": "Apache-2.0"}
+    text = (ROOT / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
+    assert "END OF TERMS AND CONDITIONS" in text and text.count("\n") > 190
+    assert any(c.startswith("Development Status ::") for c in _project()["classifiers"])
 
 
 # ---- scripts/test.sh: the shuffled order and its seed ----
