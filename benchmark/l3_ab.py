@@ -7,8 +7,9 @@ after/before ratio; writes each run's JSON and the table (rewritten after every 
         --dir /tmp/l3_bench --size-gb 2 --skip-hicachefile --load-pages 120000
 
 Rounds alternate the order (B A, A B, ...): a virtual disk whose speed drifts biases neither side. The bench file
-uses only store APIs both sides have; rows a side cannot measure (the single-transfer layer-first read of an
-engine that has only one mode) are left out of its column. Needs numpy, lmdb, xxhash; never torch.
+uses only store APIs both sides have (what it reads beyond them goes through tools/bench_engine.py: the store's
+``diagnostics()``, or an older engine's own attributes); rows a side cannot measure (the single-transfer
+layer-first read of an engine that has only one mode) are left out of its column. Needs numpy, lmdb, xxhash; never torch.
 """
 
 from __future__ import annotations

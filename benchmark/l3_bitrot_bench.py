@@ -62,9 +62,9 @@ def build(root: str, n: int, fill: bool = True) -> None:
                      cold_start="clear")
     try:
         if fill:
-            ks, disk = s._keys, s.disk
+            ikey, disk = s.diagnostics().index_key, s.disk
             for b in range(0, n, 20000):
-                items = [(ks.key(PayloadKind.TARGET_KV, i.to_bytes(32, "big")), IndexEntry(0, disk, i, 10**15 + i))
+                items = [(ikey(PayloadKind.TARGET_KV, i.to_bytes(32, "big")), IndexEntry(0, disk, i, 10**15 + i))
                          for i in range(b, min(n, b + 20000))]
                 assert s.index.commit_puts(items) == [None] * len(items)
     finally:

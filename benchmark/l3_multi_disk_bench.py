@@ -85,7 +85,7 @@ def _run(cfg: L3Config, n: int, pb: int, salt: str, slow_s: float = 0.0) -> dict
         per_disk = {d: row["pages"] for d, row in st["per_disk"].items()}
         # An entry's last_access is its commit time until a reload touches it: when each drive's last page was
         # durable, so the other drives' rate can be told apart from the slow one's drain.
-        entries = s.index.get_many([s._ikey(K, bytes.fromhex(k)) for k in keys])
+        entries = s.index.get_many([s.diagnostics().index_key(K, k) for k in keys])
         done = {}
         for e in entries:
             done[e.disk] = max(done.get(e.disk, 0.0), e.last_access / 1e6 - wall0)

@@ -15,20 +15,6 @@ FILE_CAP, FUNCTION_CAP = 600, 80
 
 # "path" (a file) or "path:Qual.name" (a function) -> (its size when listed, why it has not been split yet)
 ALLOWED: dict[str, tuple[int, str]] = {
-    "sglang_glm_ext/l3/engine/store.py": (823, "spill, lifecycle and stats in one file: to split into rooms"),
-    "sglang_glm_ext/l3/engine/store.py:SharedStore._spill": (109, "plan and run of a spill in one: the spill room"),
-    "sglang_glm_ext/l3/tools/bench.py": (882, "the bench's page-size sweep and its report: to split by step"),
-    "sglang_glm_ext/l3/tools/bench.py:bench_page_size": (174, "one sweep point's setup, fio pairing and runs"),
-    "sglang_glm_ext/l3/tools/bench.py:render": (120, "the report's sections in one function"),
-    "sglang_glm_ext/l3/tools/fsck.py:fsck": (242, "every check of fsck in one pass: to split per check"),
-    "sglang_glm_ext/l3/engine/index_check.py": (790, "the LMDB page walker and the salvage/rebuild in one file"),
-    "sglang_glm_ext/l3/engine/index_check.py:_Walk.walk": (110, "one loop over LMDB page kinds"),
-    "sglang_glm_ext/l3/engine/index_check.py:salvage_records": (111, "leaf scan and record checks in one loop"),
-    "sglang_glm_ext/l3/engine/index.py": (655, "the index's entry codec and its transactions in one file"),
-    "sglang_glm_ext/hugepages/capacity.py": (614, "the node's hugepage arithmetic and its report in one file"),
-    "sglang_glm_ext/cpu_serve/run.py:run": (121, "the main job's phases in one function: to split per phase"),
-    "sglang_glm_ext/l3/demo/run.py:_run": (115, "the demo's phases in one function: to split per phase"),
-    "sglang_glm_ext/plugin/doctor.py:collect": (100, "every feature's doctor section gathered in one function"),
 }
 
 

@@ -143,7 +143,7 @@ def test_layer_first_reads_default_to_vectored_and_reach_the_reload_path(tmp_pat
         assert cfg.layer_first_reads == mode
         s = L3Store.open(cfg, rank=0, namespace=ns, page_bytes={"target_kv": 16384})
         try:
-            assert s._reloader.vectored is vectored
+            assert s.diagnostics().vectored is vectored
         finally:
             s.close()
 

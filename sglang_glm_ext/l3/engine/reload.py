@@ -64,6 +64,7 @@ from ..disk.read_plan import plan_read
 from ..disk.slab_dir import slab_path_for
 from ..disk.slab_reader import ShortRead, SlabReader
 from .coalesce import coalesce
+from . import latency
 from .counters import Counters
 from .index import IndexEntry, KeySpace, L3Index, now_us
 from .kinds import KindState
@@ -187,7 +188,8 @@ class Reloader:
         try:
             keys = list(keys)
             out = [False] * len(keys)
-            self._reload(PayloadKind.parse(kind), keys, dsts if layout is None else page_indices, layout, out)
+            with latency.of(self._index).reload.time():
+                self._reload(PayloadKind.parse(kind), keys, dsts if layout is None else page_indices, layout, out)
         except Exception:
             log.exception("L3 reload failed; pages are misses")
             self.c.data_path_errors += 1
@@ -409,6 +411,11 @@ class Reloader:
             for k, v in rd.counters.items():
                 out[k] = out.get(k, 0) + v
         return out
+
+    def readers(self) -> list[SlabReader]:
+        """The slab views open now (diagnostics)."""
+        with self._lock:
+            return list(self._readers.values())
 
     def alignment(self) -> dict:
         """What each open reader's file system reported for direct I/O (diagnostics, bench)."""

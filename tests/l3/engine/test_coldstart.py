@@ -140,7 +140,7 @@ def test_load_reads_no_slab_bytes_so_its_cost_does_not_grow_with_the_pages(tmp_p
 def test_two_entries_naming_one_slot_keep_only_the_newest(tmp_path):
     s = opened(tmp_path, "clear")
     spill(s, range(3))
-    e = s.index.get(s._ikey(K, bytes.fromhex(key(0))))
+    e = s.diagnostics().entry(K, key(0))
     ghost = make_key(s.dep, s.ns, K, bytes.fromhex(key(60)))  # a delete that never landed: an older commit
     s.index.put(ghost, IndexEntry(0, 0, e.slot, e.last_access - 1))
     s.close()
@@ -198,7 +198,7 @@ def test_a_v1_slab_is_discarded_at_load_and_a_v1_blob_is_a_miss_never_served(tmp
     s = opened(tmp_path, "clear")
     spill(s, range(6))
     path = slab_path(s.config, 0, K)
-    slot = s.index.get(s._ikey(K, bytes.fromhex(key(0)))).slot
+    slot = s.diagnostics().entry(K, key(0)).slot
     s.close()
     _write_v1_blob(path, slot, key(0), s.ns, page(0))  # slot 0 now holds page 0 as a v1 build wrote it
     meta = json.loads(open(path + ".meta.json").read())
@@ -211,7 +211,7 @@ def test_a_v1_slab_is_discarded_at_load_and_a_v1_blob_is_a_miss_never_served(tmp
     # The crash window: entries kept (sidecar already says v2) while a slot still holds a v1 blob.
     s = opened(tmp_path, "clear")
     spill(s, range(6))
-    slot = s.index.get(s._ikey(K, bytes.fromhex(key(0)))).slot
+    slot = s.diagnostics().entry(K, key(0)).slot
     s.close()
     _write_v1_blob(path, slot, key(0), s.ns, page(0))
     s = opened(tmp_path, "load")

@@ -144,7 +144,7 @@ def test_sigkill_mid_spill_then_load(tmp_path):
             entries = [e for _, e in s.index.iter_rank(s.dep, 0, s.ns)]
             slots = [e.slot for e in entries]
             assert len(slots) == len(set(slots))
-            pool = s._kinds[K].home.pool
+            pool = s.diagnostics().home(K).pool
             assert all(pool.is_allocated(x) for x in slots)
             assert s.loaded_pages == len(entries)
         finally:

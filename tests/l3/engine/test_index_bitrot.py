@@ -38,7 +38,7 @@ from sglang_glm_ext.l3.disk.aligned import AlignedBuffer
 from sglang_glm_ext.l3.disk.format import Namespace, PayloadKind, seal_blob
 from sglang_glm_ext.l3.disk.slab import DiskSlab
 from sglang_glm_ext.l3.engine import index as index_mod
-from sglang_glm_ext.l3.engine import index_check
+from sglang_glm_ext.l3.engine import index_check, index_salvage, index_walk
 from sglang_glm_ext.l3.engine.index import (IndexDamagedError, IndexEntry, KeySpace, L3Index, deployment_tag,
                                             make_key)
 from sglang_glm_ext.l3.engine.store import L3Store
@@ -95,7 +95,7 @@ CHILD = textwrap.dedent(f"""
             hits += bool(ok)
             wrong += bool(ok) and not np.array_equal(d, page(i))
     for k in keys[:200]:
-        e = s.index.get(s._ikey(K, bytes.fromhex(k)))
+        e = s.diagnostics().entry(K, k)
         if e is not None:
             disks.add(e.disk)
     new = [key(i, "new") for i in range(32)]
@@ -271,10 +271,10 @@ def _flip_pointers(path, k, rng):
     reaches from the newest meta): each names a page far past the end of the file, which an unguarded open's
     cold-start scan reads on its way to every entry. Random flips anywhere may land only in free copies and unused
     bytes (most of the file) and leave the open clean."""
-    f = index_check._File(str(path))
+    f = index_walk.PageFile(str(path))
     try:
-        m = max(index_check._metas(f), key=lambda x: x["txnid"])
-        w = index_check._Walk(f, m["last_pg"], bytearray(m["last_pg"] + 1))
+        m = max(index_walk.read_metas(f), key=lambda x: x["txnid"])
+        w = index_walk.TreeWalk(f, m["last_pg"], bytearray(m["last_pg"] + 1))
         w.walk(_pages_db(f, m)[7], 32, None)
         nodes = []
         for pg in range(2, m["last_pg"] + 1):
@@ -331,7 +331,7 @@ def test_a_store_with_on_damage_reset_starts_with_an_empty_index_and_keeps_the_f
 def test_the_config_keys_and_the_layout_agree_with_the_guard():
     assert config_mod.INDEX_CHECK_MODES == index_check.CHECK_MODES
     assert config_mod.INDEX_ON_DAMAGE == index_check.ON_DAMAGE
-    assert (index_check._KEY_LEN, index_check._VALUE_LEN) == (index_mod.KEY_LEN, index_mod.VALUE_LEN)
+    assert (index_salvage.KEY_LEN, index_salvage.VALUE_LEN) == (index_mod.KEY_LEN, index_mod.VALUE_LEN)
     d = cfg_dict("/tmp/x")
     assert (L3Config.from_dict(d).index_check, L3Config.from_dict(d).index_on_damage) == ("fast", "salvage")
     for k, v in (("check", "paranoid"), ("on_damage", "refuse"), ("check", 1)):
@@ -363,7 +363,7 @@ def _filled(path, n, batches=500):
 
 def _pages_db(f, m):
     recs = []
-    w = index_check._Walk(f, m["last_pg"], bytearray(m["last_pg"] + 1))
+    w = index_walk.TreeWalk(f, m["last_pg"], bytearray(m["last_pg"] + 1))
     w.walk(m["main"][7], 32, lambda k, nfl, v: recs.append((k, v)))
     return struct.unpack_from("<IHHQQQQQ", [v for k, v in recs if k == b"pages"][0], 0)
 
@@ -384,9 +384,9 @@ def test_a_pointer_flipped_onto_a_freed_leaf_never_resurrects_its_deleted_entrie
     assert ix.delete_if(items[1000:2000]) == [True] * 1000
     ix.close()
     data = path / "data.mdb"
-    f = index_check._File(str(data))
-    m = max(index_check._metas(f), key=lambda x: x["txnid"])
-    free, _, _ = index_check._free_pages(f, m)
+    f = index_walk.PageFile(str(data))
+    m = max(index_walk.read_metas(f), key=lambda x: x["txnid"])
+    free, _, _ = index_walk.free_pages(f, m)
     old = [p for p in range(2, m["last_pg"] + 1) if free[p] and f.page(p)[10:12] == b"\x02\x00"
            and gone & set(_leaf_keys(f.page(p)))]
     assert old, "no freed leaf with deleted entries (the set-up did not make one)"
@@ -417,8 +417,8 @@ def test_a_damaged_branch_pointer_loses_no_entry_its_orphaned_leaves_are_adopted
     ix, dep, items = _filled(path, 3000)
     ix.close()
     data = path / "data.mdb"
-    f = index_check._File(str(data))
-    m = max(index_check._metas(f), key=lambda x: x["txnid"])
+    f = index_walk.PageFile(str(data))
+    m = max(index_walk.read_metas(f), key=lambda x: x["txnid"])
     db = _pages_db(f, m)
     pg = db[7]
     for _ in range(db[2] - 2):  # down the first children to a branch whose children are leaves
@@ -449,8 +449,8 @@ def _last_deleted(tmp_path, n=2000):
     ix, dep, items = _filled(path, n, batches=1000)
     assert ix.delete_if(items[:100]) == [True] * 100  # the last commit
     ix.close()
-    f = index_check._File(str(path / "data.mdb"))
-    ms = sorted(index_check._metas(f), key=lambda x: x["txnid"])
+    f = index_walk.PageFile(str(path / "data.mdb"))
+    ms = sorted(index_walk.read_metas(f), key=lambda x: x["txnid"])
     f.close()
     assert len(ms) == 2 and ms[1]["txnid"] == ms[0]["txnid"] + 1
     return path, dep, items, ms[1], ms[0]
@@ -525,7 +525,7 @@ def test_a_raised_freedb_key_in_the_older_snapshot_does_not_make_it_the_newest(t
     commit is kept. The index is also damaged where the check looks (a branch pointer cut), so the open salvages."""
     path, dep, items, newest, older = _last_deleted(tmp_path)
     data = path / "data.mdb"
-    f = index_check._File(str(data))
+    f = index_walk.PageFile(str(data))
     key_at = _last_key_at(f, older["free"][7], older["free"][2])
     assert int.from_bytes(f.read(8, key_at), "little") == older["txnid"]
     db = _pages_db(f, newest)
@@ -560,8 +560,8 @@ def test_an_index_with_one_commit_is_salvaged_whole(tmp_path):
     with env.begin(write=True) as txn:  # the DB and its records in one commit
         txn.cursor(env.open_db(b"pages", txn=txn, create=True)).putmulti(records, append=True)
     env.close()
-    f = index_check._File(str(one / "data.mdb"))
-    assert sorted((m["slot"], m["txnid"]) for m in index_check._metas(f)) == [(0, 0), (1, 1)]
+    f = index_walk.PageFile(str(one / "data.mdb"))
+    assert sorted((m["slot"], m["txnid"]) for m in index_walk.read_metas(f)) == [(0, 0), (1, 1)]
     f.close()
     again, info = index_check.salvage_records(str(one / "data.mdb"))
     assert again == records and len(again) == 500, info["problems"]
@@ -572,7 +572,7 @@ def test_when_the_metas_cannot_say_which_commit_is_newest_nothing_is_kept(tmp_pa
     older one would bring deletes back), so nothing is kept -- misses, never a rollback."""
     path, dep, items, newest, older = _last_deleted(tmp_path)
     data = path / "data.mdb"
-    f = index_check._File(str(data))
+    f = index_walk.PageFile(str(data))
     key_at = _last_key_at(f, newest["free"][7], newest["free"][2])
     f.close()
     with open(data, "r+b") as fh:

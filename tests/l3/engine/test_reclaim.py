@@ -109,7 +109,7 @@ def test_reclaim_commits_index_delete_before_freeing_the_slot(tmp_path):
     s = open_store(tmp_path)
     events = []
     real_delete = s.index.delete_if
-    pool = s._kinds[K].home.pool
+    pool = s.diagnostics().home(K).pool
     real_free = pool.free
 
     def delete_spy(items, **kw):
@@ -146,11 +146,11 @@ def test_racing_reader_of_a_reclaimed_slot_sees_a_miss(tmp_path, monkeypatch):
     s = open_store(tmp_path, slots=20)
     try:
         spill(s, 0)
-        stale = s.index.get(s._ikey(K, bytes.fromhex(key(0))))
+        stale = s.diagnostics().entry(K, key(0))
         s.free(K, [key(0)])
         assert s.flush(30)
         spill(s, 1)  # LIFO pool: page 1 lands in page 0's old slot
-        now = s.index.get(s._ikey(K, bytes.fromhex(key(1))))
+        now = s.diagnostics().entry(K, key(1))
         assert now.slot == stale.slot
         real_get_many, real_blames, reasons = s.index.get_many, reload_mod.blames_entry, []
         monkeypatch.setattr(s.index, "get_many", lambda keys: [stale])  # the reader's snapshot from before the free
@@ -191,19 +191,19 @@ def test_a_stale_verify_failure_never_deletes_a_newer_entry_for_the_same_slot(tm
     """Found by reading: a reader looks up X (entry E1 at slot s), X is freed and stored again into the same
     slot (entry E2: same location, newer commit), and the reader's read of s is torn. Its verify failure names
     E1; the reclaim matched on location only, so it deleted E2, a valid durable page."""
-    from sglang_glm_ext.l3.engine import store as store_mod
+    from sglang_glm_ext.l3.disk.slab_reader import SlabReader
 
     store = open_store(tmp_path)
     try:
         spill(store, 7)
-        e1 = store.index.get(store._ikey(K, bytes.fromhex(key(7))))
+        e1 = store.diagnostics().entry(K, key(7))
         store.free(K, [key(7)])
         assert store.flush(30)
         spill(store, 7)  # LIFO pool: the same slot again
-        e2 = store.index.get(store._ikey(K, bytes.fromhex(key(7))))
+        e2 = store.diagnostics().entry(K, key(7))
         assert e2.slot == e1.slot and e2.last_access > e1.last_access
 
-        real_get_many, real_read = store.index.get_many, store_mod.ReadOnlySlab.read_spans
+        real_get_many, real_read = store.index.get_many, SlabReader.read_spans
         monkeypatch.setattr(store.index, "get_many", lambda keys: [e1])  # the reader's snapshot from before the free
 
         def torn(self, slot, spans, plan, bounce, **kw):
@@ -212,19 +212,19 @@ def test_a_stale_verify_failure_never_deletes_a_newer_entry_for_the_same_slot(tm
             view[at] ^= 0xFF  # read raced a rewrite: the payload checksum fails
             return got
 
-        monkeypatch.setattr(store_mod.ReadOnlySlab, "read_spans", torn)
+        monkeypatch.setattr(SlabReader, "read_spans", torn)
         assert store.reload_into(K, [key(7)], [np.zeros(PB, np.uint8)]) == [False]
         monkeypatch.setattr(store.index, "get_many", real_get_many)
-        monkeypatch.setattr(store_mod.ReadOnlySlab, "read_spans", real_read)
+        monkeypatch.setattr(SlabReader, "read_spans", real_read)
         assert store.flush(30)
         assert store.stats()["verify_failures"] == 1
-        assert store.index.get(store._ikey(K, bytes.fromhex(key(7)))) == e2  # the newer entry survived
+        assert store.diagnostics().entry(K, key(7)) == e2  # the newer entry survived
         out = np.zeros(PB, np.uint8)
         assert store.reload_into(K, [key(7)], [out]) == [True] and np.array_equal(out, page(7))
         # A verify failure against the CURRENT entry still reclaims it (the slot really holds bad bytes).
-        monkeypatch.setattr(store_mod.ReadOnlySlab, "read_spans", torn)
+        monkeypatch.setattr(SlabReader, "read_spans", torn)
         assert store.reload_into(K, [key(7)], [np.zeros(PB, np.uint8)]) == [False]
-        monkeypatch.setattr(store_mod.ReadOnlySlab, "read_spans", real_read)
+        monkeypatch.setattr(SlabReader, "read_spans", real_read)
         assert store.flush(30)
         assert store.exists(K, [key(7)]) == 0 and store.stats()["slots"]["target_kv"]["used"] == 0
     finally:

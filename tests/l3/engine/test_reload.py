@@ -47,7 +47,7 @@ def guarded(nbytes):
 
 
 def slot_of(s, i):
-    return s.index.get(s._ikey(K, bytes.fromhex(key(i)))).slot
+    return s.diagnostics().entry(K, key(i)).slot
 
 
 def poke(s, offset, data):
@@ -69,8 +69,9 @@ def test_page_first_reloads_are_exact_at_any_address_and_never_touch_a_neighbour
             assert s.reload_into(K, [key(1)], [dst]) == [True], off
             assert np.array_equal(dst, payload(1, pb)), off
             assert (arr[:off] == GUARD).all() and (arr[off + pb:] == GUARD).all(), off
-        io = s._reloader.io_counters()
-        if s._reloader.alignment() and all("mem 512 B" in a or "mem 4 B" in a for a in s._reloader.alignment().values()):
+        io = s.diagnostics().io_counters()
+        align = s.diagnostics().alignment()
+        if align and all("mem 512 B" in a or "mem 4 B" in a for a in align.values()):
             # 512 B memory alignment (ext4 on virtio here, NVMe reports 4 B): the aligned offsets went straight in
             assert io["direct_bytes"] >= 4 * (pb // 512 * 512 - 4096)
         assert io["span_reads"] == 7
@@ -117,7 +118,7 @@ def test_layer_first_reloads_land_in_each_chunk_exactly_and_nothing_else_moves(t
     n_layers, pages, gap = 4, 3, 4096 + 7
     pb = n_layers * sb
     s = open_store(tmp_path, pb)
-    s._reloader.vectored = vectored
+    s.diagnostics().vectored = vectored
     try:
         spill(s, range(pages), pb)
         arr = guarded(base + n_layers * pages * sb + gap + 8192)
@@ -132,7 +133,7 @@ def test_layer_first_reloads_land_in_each_chunk_exactly_and_nothing_else_moves(t
         for pg in (0, 2):
             got = layout.page_spans(pg).pieces()
             assert b"".join(bytes(v) for v in got) == payload(pg, pb).tobytes()
-        strided = s._reloader.io_counters()["strided_copies"]
+        strided = s.diagnostics().io_counters()["strided_copies"]
         if buffers == 2:
             assert strided == 0  # spans in two buffers: a copy each
         elif not vectored:
@@ -156,8 +157,8 @@ def test_a_glm5_layer_first_page_is_read_with_no_payload_copy(tmp_path):
         assert s.reload_into_layout(K, [key(0)], layout, [1]) == [True]
         lay = arr.reshape(n_layers, pages, CHUNK)
         assert np.array_equal(lay[:, 1].ravel(), payload(0, pb)) and (lay[:, 0] == GUARD).all()
-        io = s._reloader.io_counters()
-        align = next(iter(s._reloader.alignment().values()))
+        io = s.diagnostics().io_counters()
+        align = next(iter(s.diagnostics().alignment().values()))
         if "mem 512 B" in align or "mem 4 B" in align:
             assert io["direct_bytes"] == pb and io["bounced_bytes"] == 0, align
     finally:
@@ -195,7 +196,7 @@ def test_a_single_transfer_is_checked_before_its_copy_so_a_corrupt_page_never_to
     pb = n_layers * CHUNK
     slot = slot_bytes_for(pb)
     s = open_store(tmp_path, pb)
-    s._reloader.vectored = False
+    s.diagnostics().vectored = False
     try:
         spill(s, [0, 1], pb)
         at = slot_of(s, 1) * slot
@@ -207,7 +208,7 @@ def test_a_single_transfer_is_checked_before_its_copy_so_a_corrupt_page_never_to
         lay = arr.reshape(n_layers, pages, CHUNK)
         assert np.array_equal(lay[:, 2].ravel(), payload(0, pb))
         assert (lay[:, :2] == GUARD).all()  # the corrupt page's chunks (page 1) and page 0: never written
-        assert s._reloader.io_counters()["strided_copies"] == 1  # the good page's; the corrupt one never copied
+        assert s.diagnostics().io_counters()["strided_copies"] == 1  # the good page's; the corrupt one never copied
         assert s.flush(30)
         assert s.exists(K, [key(1)]) == 0 and s.stats()["verify_failures"] == 1
     finally:
@@ -252,7 +253,7 @@ def test_a_refused_direct_transfer_falls_back_and_still_reads_exact_bytes(tmp_pa
         assert s.reload_into(K, [key(4)], [dst]) == [True]
         monkeypatch.undo()
         assert np.array_equal(dst, payload(4, pb)) and (arr[:512] == GUARD).all() and (arr[512 + pb:] == GUARD).all()
-        rd = next(iter(s._reloader._readers.values()))
+        rd = next(iter(s.diagnostics().readers()))
         if len(calls) == 3:  # the reader was direct: 4 KiB plans, then buffered reads
             assert rd.io_mode == "buffered" and rd.align.source.startswith("buffered")
     finally:

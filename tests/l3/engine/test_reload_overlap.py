@@ -69,7 +69,7 @@ def poke(s, i, where):
     """Corrupt one byte of page i's slot: in its payload (head or tail), its header, or its pad (never read as
     payload: the page stays good)."""
     slot = slot_bytes_for(PB)
-    at = s.index.get(s._ikey(K, bytes.fromhex(key(i)))).slot * slot
+    at = s.diagnostics().entry(K, key(i)).slot * slot
     off = {"payload_head": 0, "payload_tail": PB - 1, "header": slot - HEADER_SIZE + 20, "pad": PB + 7}[where]
     with open(s.slab(K).path, "r+b") as f:
         f.seek(at + off)
@@ -146,7 +146,7 @@ class Host:
                          ids=["flat", "page-first", "layer-first-vectored", "layer-first-single"])
 def test_many_pages_some_corrupt_results_exact_only_their_own_bytes_move(tmp_path, form, vectored, threads):
     s = open_store(tmp_path, threads=threads)
-    s._reloader.vectored = vectored
+    s.diagnostics().vectored = vectored
     try:
         spill(s, range(N))
         for i, where in DAMAGE.items():
@@ -409,7 +409,7 @@ def open_coalescing(tmp_path, coalesce, threads=2):
 
 
 def slots_of(s, idxs):
-    return [s.index.get(s._ikey(K, bytes.fromhex(key(i)))).slot for i in idxs]
+    return [s.diagnostics().entry(K, key(i)).slot for i in idxs]
 
 
 @pytest.mark.parametrize("form", ["page_first", "layer_first_one_buffer"])
@@ -433,7 +433,7 @@ def test_pages_in_adjacent_slots_are_read_in_one_transfer_and_land_exactly(tmp_p
             got = host.reload(s, idxs, pages)
             assert got == [i not in (5, 13) for i in idxs]
             host.check(got, idxs, pages)
-            io = s._reloader.io_counters()
+            io = s.diagnostics().io_counters()
             assert io["span_reads"] == N
             results[coalesce] = (io["run_reads"], io["run_pages"])
             assert s.flush(30)
@@ -524,9 +524,10 @@ def test_a_failure_outside_any_read_makes_the_call_misses_counted_and_gives_stag
     try:
         spill(s, range(4))
         borrowed, given = [], []
-        real_borrow, real_give = s._staged.borrow, s._staged.give_back
-        monkeypatch.setattr(s._staged, "borrow", lambda *a: borrowed.append(real_borrow(*a)) or borrowed[-1])
-        monkeypatch.setattr(s._staged, "give_back", lambda pages: given.append(pages) or real_give(pages))
+        staged = s.diagnostics().staged
+        real_borrow, real_give = staged.borrow, staged.give_back
+        monkeypatch.setattr(staged, "borrow", lambda *a: borrowed.append(real_borrow(*a)) or borrowed[-1])
+        monkeypatch.setattr(staged, "give_back", lambda pages: given.append(pages) or real_give(pages))
 
         def broken(keys):
             raise RuntimeError("injected: the index read failed")

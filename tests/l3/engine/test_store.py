@@ -350,7 +350,7 @@ def test_one_malformed_key_in_a_reload_batch_costs_only_its_own_page(store):
 
 def test_a_malformed_index_value_costs_only_its_own_page(store):
     spill_durable(store, range(3))
-    bad = store._ikey(K, bytes.fromhex(key(1)))
+    bad = store.diagnostics().index_key(K, key(1))
     with store.index.env.begin(db=store.index.db, write=True) as txn:
         txn.put(bad, b"\x01" * 15)  # a damaged value: not the 16-byte entry layout
     dsts = [np.zeros(PB, np.uint8) for _ in range(3)]
@@ -490,7 +490,7 @@ def test_after_one_failed_write_later_spills_of_every_kind_succeed(tmp_path, err
         assert st["data_path_errors"] == 0 and st["dropped_staging"] == 0
         assert st["staging_bytes"] == 0 and st["staging_allocated_bytes"] <= st["staging_cap_bytes"]
         # Accounting matches the buffers that really exist.
-        pool = s._staging
+        pool = s.diagnostics().staging
         assert pool.allocated == sum(len(v) * pool.sizes[k] for k, v in pool._free.items())
     finally:
         s.close()
@@ -530,7 +530,7 @@ def test_the_read_only_slab_falls_back_from_o_direct_without_closing_a_descripto
     import errno as _errno
 
     from sglang_glm_ext.l3.disk.aligned import AlignedBuffer
-    from sglang_glm_ext.l3.engine.store import ReadOnlySlab
+    from sglang_glm_ext.l3.disk.slab_reader import SlabReader as ReadOnlySlab
 
     slab = tmp_path / "x.slab"
     want = np.random.default_rng(3).integers(0, 256, 2 * 4096, dtype=np.uint8)

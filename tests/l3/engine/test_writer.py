@@ -46,7 +46,7 @@ def test_the_writer_thread_alone_touches_the_pools_and_the_lrus(store):
     """Every mutation of a slot pool or a page LRU after open runs on the writer thread, whatever path triggers
     it: spills (and the pool-full reclaim on the write path), failed writes, GC, reload touches, a verify failure,
     free, clear. (No lock guards either: a second thread would be a race.)"""
-    st = store._kinds[K].home
+    st = store.diagnostics().home(K)
     threads: dict = {}
     for obj, names in ((st.pool, ("alloc", "free", "reset", "rebuild_from_allocated", "grow_to")),
                        (st.lru, ("record", "push", "pop_coldest", "reset", "load"))):
@@ -83,10 +83,10 @@ def test_the_writer_thread_alone_touches_the_pools_and_the_lrus(store):
 
 def test_control_operations_are_applied_in_the_order_they_were_posted(store):
     spill_durable(store, range(6))
-    w = store._writer
+    w = store.diagnostics().writer
     applied, entered, release = [], threading.Event(), threading.Event()
     real_free, real_clear = w.reclaim.free, w._clear
-    mine = {store._ikey(K, bytes.fromhex(key(i))): i for i in range(6)}
+    mine = {store.diagnostics().index_key(K, key(i)): i for i in range(6)}
 
     def free(kind, ikeys):
         applied.append(("free", [mine[k] for k in ikeys]))
@@ -238,14 +238,14 @@ def test_flush_returns_only_after_the_reload_outcomes_recorded_before_it_are_app
     s = store
     spill_durable(s, [5, 6])
     corrupt(s, 5)  # a verify failure at the next read
-    w = s._writer
+    w = s.diagnostics().writer
     real_free = w.reclaim.free
     hold = {key(101): threading.Event(), key(102): threading.Event()}
     entered = {k: threading.Event() for k in hold}
 
     def held_free(kind, ikeys):
         for k, ev in hold.items():
-            if s._ikey(K, bytes.fromhex(k)) in ikeys:
+            if s.diagnostics().index_key(K, k) in ikeys:
                 entered[k].set()
                 assert ev.wait(30)
         return real_free(kind, ikeys)

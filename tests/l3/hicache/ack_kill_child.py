@@ -48,7 +48,7 @@ def main() -> None:
         time.sleep(delay)
         return os.pwrite(fd, data, offset)
 
-    for kind in list(be.store.shared._kinds):
+    for kind in list(be.store.diagnostics().kinds()):
         be.store.slab(kind).inject_write_fault(slow)
     answered: list[str] = []
     orig = be.batch_set_v1

@@ -540,12 +540,12 @@ def test_glm5_host_pools_are_read_straight_into_their_pages_with_no_payload_copy
         assert all(be.batch_set_v1(keys, idx)) and all(be.batch_set_v2(transfers(hp, keys, idx))["indexer"])
         assert be.store.flush(30)  # durable: served from the slab, not from staging
         hp.zero()
-        before = dict(be.store._reloader.io_counters())
+        before = dict(be.store.diagnostics().io_counters())
         assert be.batch_get_v1(keys, idx) == [True] * 3
-        io = {k: v - before.get(k, 0) for k, v in be.store._reloader.io_counters().items()}
+        io = {k: v - before.get(k, 0) for k, v in be.store.diagnostics().io_counters().items()}
         kv_page = be.plan.kv.page_bytes
         assert io["span_reads"] == 3 and io["direct_bytes"] + io["bounced_bytes"] == 3 * kv_page
-        align = {a for name, a in be.store._reloader.alignment().items() if "target_kv" in name}
+        align = {a for name, a in be.store.diagnostics().alignment().items() if "target_kv" in name}
         base = hp.kv.kv_buffer.data_ptr()
         if align and all("mem 512 B" in a or "mem 4 B" in a for a in align) and base % 512 == 0:
             assert io["direct_bytes"] == 3 * kv_page and io["bounced_bytes"] == 0, (align, io)

@@ -68,7 +68,7 @@ def _burst(st, caplog, monkeypatch, drop):
         return real_wait_room(self, deadline)
 
     monkeypatch.setattr(StagedPages, "wait_room", wait_room)
-    for kind in list(be.store.shared._kinds):
+    for kind in list(be.store.diagnostics().kinds()):
         be.store.slab(kind).inject_write_fault(stalled)
     caplog.clear()
     caplog.set_level(logging.WARNING, logger="sglang.srt.managers.cache_controller")

@@ -189,7 +189,7 @@ def test_the_first_fill_pass_starts_from_punched_slots(tmp_path):
         src = [np.full(page, i, np.uint8) for i in range(8)]
         keys = bench._keys(8, "t")
         bench.spill_all(store, keys, src)
-        (st,) = store._kinds[bench.KIND].parts
+        (st,) = store.diagnostics().slabs(bench.KIND)
         if st.slab.held_bytes() < 8 * slot:
             pytest.skip("the file system did not allocate the slab's blocks (no fallocate here)")
         store.clear()

@@ -34,7 +34,7 @@ def setup(tmp_path, n=6):
     s = L3Store.open(cfg, rank=0, namespace=NS, page_bytes={K: PB})
     assert all(s.spill(K, [key(i) for i in range(n)], [np.full(PB, i, np.uint8) for i in range(n)]))
     assert s.flush(30)
-    slots = {i: s.index.get(s._ikey(K, bytes.fromhex(key(i)))).slot for i in range(n)}
+    slots = {i: s.diagnostics().entry(K, key(i)).slot for i in range(n)}
     return cfg, str(cfg_path), s, slots
 
 
@@ -60,7 +60,7 @@ def test_corrupt_orphans_and_repair(tmp_path, capsys):
     slab = s.slab(K).path
     poke(slab, slots[0] * SLOT + 7, b"\xff\x00")                         # payload bit rot -> corrupt
     poke(slab, slots[1] * SLOT + SLOT - 4096, bytes(4096))                # header wiped -> orphaned entry
-    s.index.delete(s._ikey(K, bytes.fromhex(key(2))))                    # blob without entry -> orphan slot
+    s.index.delete(s.diagnostics().index_key(K, key(2)))  # blob without entry -> orphan slot
     s.index.put(make_key(s.dep, s.ns, K, bytes.fromhex(key(99))), IndexEntry(0, 0, 19, 1))  # -> empty slot
     poke(slab, slots[3] * SLOT + H + 8, struct.pack("<H", 9))             # version 9 -> unknown_version
     s.close()
@@ -107,7 +107,7 @@ def test_old_version_blobs_are_reported_not_corruption_and_repair_drops_their_en
     for i in (0, 1):  # slot 0's entry stays (a v1 blob behind a live entry), slot 1's goes (an unreferenced one)
         poke(slab, slots[i] * SLOT, _v1_header(key(i), s.ns, payload))
         poke(slab, slots[i] * SLOT + SLOT - 4096, bytes(4096))  # a v1 slot has no v2 trailer
-    s.index.delete(s._ikey(K, bytes.fromhex(key(1))))
+    s.index.delete(s.diagnostics().index_key(K, key(1)))
     s.close()
     rep = fsck(cfg)
     assert rep.old_version == 2 and rep.live == 4 and rep.orphan_index == 0 and rep.corrupt == 0
@@ -247,7 +247,7 @@ def _forty(tmp_path, n=30):
     assert all(s.spill(K, [key(i) for i in range(n)], [np.full(PB, i, np.uint8) for i in range(n)]))
     assert s.flush(30)
     slab = s.slab(K).path
-    slots = sorted(s.index.get(s._ikey(K, bytes.fromhex(key(i)))).slot for i in range(n))
+    slots = sorted(s.diagnostics().entry(K, key(i)).slot for i in range(n))
     s.close()
     assert slots == list(range(n)) and os.path.getsize(slab) == 40 * SLOT
     return cfg, str(cfg_path), slab
