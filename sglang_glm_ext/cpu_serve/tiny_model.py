@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Any
 
 ARCHES = ("glm4_moe", "glm5")
@@ -197,7 +198,7 @@ def _run(args) -> int:
         cfg = write(args.arch, args.dir, hidden=args.hidden, layers=args.layers, experts=args.experts,
                     force=args.force, scaled_dummy=not args.plain_dummy, mla=args.mla, context=args.context)
     except TinyModelError as exc:
-        print(f"sglang-glm-ext tiny-model: {exc}")
+        print(f"sglang-glm-ext tiny-model: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {cfg['architectures'][0]} (hidden {cfg['hidden_size']}, {cfg['num_hidden_layers']} layers, "
           f"vocab {cfg['vocab_size']}) to {args.dir}; serve it with --load-format dummy")

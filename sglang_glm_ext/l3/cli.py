@@ -22,6 +22,7 @@ _WRITE_FIXES = {
 
 def _example_config(args: argparse.Namespace) -> int:
     from .config import L3Config, write_example_config
+    from .tools.exit_codes import NOT_WRITTEN, REFUSED, WRITTEN
 
     d = os.path.abspath(args.dir)
     target = os.path.join(d, "l3.toml")
@@ -33,19 +34,19 @@ def _example_config(args: argparse.Namespace) -> int:
                   f"example", file=sys.stderr)
         else:
             print(f"l3 example-config: --dir {d} is a file, not a directory: choose another --dir", file=sys.stderr)
-        return 1
+        return REFUSED  # what the arguments name cannot be used as they are, as tiny-model's non-empty directory
     except OSError as e:
         fix = _WRITE_FIXES.get(e.errno, "choose another --dir")
         where = f" ({e.filename})" if e.filename and os.path.abspath(e.filename) != target else ""
         print(f"l3 example-config: cannot write {target}{where}: {e.strerror or e}; {fix}", file=sys.stderr)
-        return 1
+        return REFUSED if e.errno == errno.ENOTDIR else NOT_WRITTEN
     L3Config.from_file(path)  # never hand out a config we cannot load ourselves
     q = shlex.quote(path)
     print(f"wrote {path}; edit its disks (path, budget), deployment_id and cold_start for this node")
     print(f"next: python -m sglang.launch_server --model-path MODEL ... --enable-hierarchical-cache --enable-cp-l3 "
           f"--cp-l3-config {q}")
     print(f"check it first: sglang-glm-ext doctor --enable-cp-l3 --cp-l3-config {q}")
-    return 0
+    return WRITTEN
 
 
 def _fsck(args: argparse.Namespace) -> int:
@@ -85,6 +86,18 @@ def _usage_status(parser: argparse.ArgumentParser, status: int) -> None:
     parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
 
 
+def _check_bench_args(be: argparse.ArgumentParser) -> None:
+    """The bench's numbers and config values checked as it parses them (tools/bench.py declares them)."""
+    from .tools import args as types
+
+    types.tighten(be, {"--size-gb": types.positive_float, "--page-bytes": types.positive_int,
+                       "--repeats": types.positive_int, "--batch-pages": types.positive_int,
+                       "--staging-mb": types.positive_int, "--load-pages": types.non_negative_int,
+                       "--fio-seconds": types.positive_float,
+                       "--read-coalesce": types.config_value("queues.read_coalesce_bytes"),
+                       "--gil-pause": types.config_value("queues.layer_first_gil_pause")})
+
+
 def add_l3_subcommands(subparsers) -> argparse.ArgumentParser:
     """Add ``l3 {example-config,fsck,ls,bench}`` to the main CLI's subparsers; each sets ``func(args) -> int``."""
     from .tools import exit_codes
@@ -95,7 +108,7 @@ def add_l3_subcommands(subparsers) -> argparse.ArgumentParser:
     sub = l3.add_subparsers(dest="l3_command", required=True)
 
     ex = sub.add_parser("example-config", help="write a small valid L3 config (l3.toml) that uses DIR",
-                        epilog="exit status: 0 written, 1 not written (the reason and the fix on one line)")
+                        epilog=exit_codes.epilog(exit_codes.EXAMPLE_CONFIG))
     ex.add_argument("--dir", required=True, help="directory for the config, the slabs and the index")
     ex.add_argument("--force", action="store_true", help="replace an existing DIR/l3.toml (refused without it)")
     ex.set_defaults(func=_example_config)
@@ -107,15 +120,16 @@ def add_l3_subcommands(subparsers) -> argparse.ArgumentParser:
     fs.set_defaults(func=_fsck)
 
     ls = sub.add_parser("ls", help="what an index holds: deployments, ranks, kinds, pages and bytes, slabs per rank",
-                        epilog="exit status: 0 listed, 8 the index cannot be read, 16 usage or config error")
+                        epilog=exit_codes.epilog(exit_codes.LS))
     build_ls_parser(ls)
     _usage_status(ls, exit_codes.USAGE)
     ls.set_defaults(func=_ls)
 
     be = sub.add_parser("bench", help="L3 spill/reload/exists vs raw O_DIRECT on one disk, printed as ratios",
-                        epilog="exit status: 0 every target met, 3 a row is FAIL (listed on stderr), 2 bad arguments")
+                        epilog=exit_codes.epilog(exit_codes.BENCH))
     from .tools.bench import add_arguments
 
     add_arguments(be)
+    _check_bench_args(be)
     be.set_defaults(func=_bench)
     return l3

@@ -1,11 +1,12 @@
 """L3 configuration: disks, rank->disk mapping, index, cold start, GC watermarks, queue caps, PLP policy.
 
 Loaded from TOML (``tomllib`` / ``tomli``) or JSON. Every bad value is an :class:`L3ConfigError` whose message
-starts with the key path (``disks[1].budget: ...``), raised at load time so a server never starts on a config it
-would later misread. Environment overrides are applied here too, once (``SGLANG_CP_L3_COLD_START`` replaces
-``cold_start`` for one launch), so the engine reads only the config. Each key's parser, default and doc are one row of
-``config_table.py`` (the field defaults below, the example config and ``docs_internal/l3_config_reference.md`` come
-from it); what spans several keys is checked here, after the rows are read.
+starts with the key path (``disks[1].budget: ...``; an unknown key or mode suggests the closest known one), raised
+at load time so a server never starts on a config it would later misread. Environment overrides are applied here too,
+once (``SGLANG_CP_L3_COLD_START`` replaces ``cold_start`` for one launch), so the engine reads only the config. Each
+key's parser, default and doc are one row of ``config_table.py`` (the field defaults below, the example config and
+``docs/l3_config_reference.md`` come from it); what spans several keys is checked here, after the rows are
+read.
 
 Disks and ranks (``[ranks] mapping``): each ``[[disks]]`` entry is one drive (its index is its position). A rank
 writes one drive or several:
@@ -60,7 +61,8 @@ from ..declare import EnvVar
 # The mode names and parsers are re-exported: the package imports them from here.
 from .config_table import (ACK_MODES, COLD_START_MODES, DIRECT_MODES, GIL_PAUSE_PAGE, INDEX_CHECK_MODES,  # noqa: F401
                            INDEX_ON_DAMAGE, KEYS, KIND_NAMES as _KIND_NAMES, LAYER_FIRST_READS, PLP_MODES, WEIGHT,
-                           WRITER_MODES, L3ConfigError, default, example_text, parse_gil_pause, parse_size, read_keys)
+                           WRITER_MODES, L3ConfigError, default, did_you_mean, example_text, one_of, parse_gil_pause,
+                           parse_size, read_keys)
 
 # Declared where it is read: one launch's override reaches every rank's engine through L3Config.load
 # (l3/feature.py lists it among the feature's env vars).
@@ -119,7 +121,7 @@ def _read(path: str) -> bytes:
         with open(path, "rb") as f:
             return f.read()
     except OSError as e:
-        raise L3ConfigError(f"<file>: cannot read L3 config {path!r}: {e}") from e
+        raise L3ConfigError(f"cannot read the L3 config: {e.strerror or e}") from e
 
 
 def decode(raw: bytes, path: str) -> Any:
@@ -128,11 +130,11 @@ def decode(raw: bytes, path: str) -> Any:
         try:
             return json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise L3ConfigError(f"<file>: {path!r} is not valid JSON: {e}") from e
+            raise L3ConfigError(f"not valid JSON: {e}") from e
     try:
         return _toml.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, _toml.TOMLDecodeError) as e:
-        raise L3ConfigError(f"<file>: {path!r} is not valid TOML: {e}") from e
+        raise L3ConfigError(f"not valid TOML: {e}") from e
 
 
 _LOADED: dict[tuple, "L3Config"] = {}  # (path, file bytes, env overrides) -> the parsed config (load_once)
@@ -209,11 +211,12 @@ class L3Config:
         """Every key read by its row (config_table.read_keys), then what spans keys (config_table.CROSS_KEY_RULES:
         keep that list in step with the checks here)."""
         if not isinstance(data, Mapping):
-            raise L3ConfigError("<root>: expected a table/object")
+            raise L3ConfigError("expected a table at the top level (a JSON object), got "
+                                + ("null" if data is None else type(data).__name__))
         override = CP_L3_COLD_START.raw()
         if override and override not in COLD_START_MODES:
             raise L3ConfigError(f"cold_start: unknown mode {override!r} from {CP_L3_COLD_START.name} "
-                                f"(expected one of {COLD_START_MODES})")
+                                f"(expected one of {one_of(COLD_START_MODES)})")
         v = read_keys(data, base_dir)
         fields = {k.field: v[k.path] for k in _FIELD_KEYS}
         if override:  # one launch's choice wins over the file; a caller's explicit open(cold_start=) over both
@@ -358,7 +361,8 @@ def _payload_weights(split: str, weights_raw: Any) -> dict[str, float] | None:
     weights = {}
     for k, v in weights_raw.items():
         if k not in _KIND_NAMES:
-            raise L3ConfigError(f"payload_weights.{k}: unknown payload kind (known: {', '.join(_KIND_NAMES)})")
+            raise L3ConfigError(f"payload_weights.{k}: unknown payload kind{did_you_mean(k, _KIND_NAMES)} (known: "
+                                f"{', '.join(_KIND_NAMES)})")
         weights[k] = WEIGHT.parse(v, f"payload_weights.{k}")
     return weights
 

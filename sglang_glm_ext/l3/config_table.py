@@ -1,9 +1,9 @@
 """The L3 config's keys, one row each (:data:`KEYS`): its TOML path, how its value is read, its default, one line of
 doc. Everything else is made from the rows, so each default is written once: ``L3Config``'s field defaults
 (:func:`default`), the key-by-key part of ``L3Config.from_dict`` (:func:`read_keys`), the example config
-(:func:`example_text`) and the operator's reference ``docs_internal/l3_config_reference.md``
+(:func:`example_text`) and the operator's reference ``docs/l3_config_reference.md``
 (:func:`reference_markdown`; regenerate it with ``python -m sglang_glm_ext.l3.config_table --reference >
-docs_internal/l3_config_reference.md``, a test keeps it current). What spans several keys or entries (a disk listed
+docs/l3_config_reference.md``, a test keeps it current). What spans several keys or entries (a disk listed
 twice, ``ranks.mapping`` against the disks, ``payload_weights``: :data:`CROSS_KEY_RULES`) stays explicit code in
 ``config.py``. A leaf: imports nothing of the package, so ``config.py`` and ``engine/index_check.py`` both take their
 mode names from here.
@@ -11,6 +11,7 @@ mode names from here.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -19,12 +20,14 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-__all__ = ["L3ConfigError", "Kind", "Key", "KEYS", "REQUIRED", "default", "read_keys", "read_section",
-           "example_text", "reference_markdown"]
+__all__ = ["L3ConfigError", "Kind", "Key", "KEYS", "REQUIRED", "default", "key_parser", "read_keys",
+           "read_section", "example_text", "reference_markdown", "did_you_mean", "one_of"]
 
 
 class L3ConfigError(ValueError):
-    """A config value is wrong. The message starts with the key path."""
+    """A config value is wrong. The message starts with the key path; one about the file as a whole (unreadable, not
+    TOML or JSON, not a table) starts with what is wrong, and whoever names the file prefixes it (``l3 fsck``, the
+    ``--cp-l3-config`` check). No placeholder and no Python repr of a type or a tuple reaches the reader."""
 
 
 COLD_START_MODES = ("clear", "load")
@@ -52,6 +55,27 @@ _UNITS = {
     "g": 10**9, "gb": 10**9, "gib": 2**30, "gi": 2**30,
     "t": 10**12, "tb": 10**12, "tib": 2**40, "ti": 2**40,
 }
+
+
+# ---------------------------------------------------------------------------------------------- message words
+def did_you_mean(word: Any, known) -> str:
+    """``; did you mean 'cold_start'?`` for the known name closest to a typo, or "" when none is close."""
+    # 0.75: a slip of a letter or two ('cold_star', 'wait_m', 'laod'); a different word gets no guess
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.75) if isinstance(word, str) else []
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def one_of(choices) -> str:
+    """``'fast', 'full'``: choices as a config file spells them (a message shows no Python tuple)."""
+    return ", ".join(repr(c) for c in choices)
+
+
+# A value's type as the config file calls it (a TOML table is a Mapping here; JSON's null is None).
+_TYPE_WORDS = {Mapping: "table", dict: "table", type(None): "null"}
+
+
+def _type_word(t: type) -> str:
+    return _TYPE_WORDS.get(t, t.__name__)
 
 
 # ---------------------------------------------------------------------------------------------- value parsers
@@ -94,10 +118,12 @@ def parse_gil_pause(value: Any, key: str = "queues.layer_first_gil_pause") -> in
 def typed(v: Any, key: str, types) -> Any:
     """``v`` if it is of ``types`` (a bool only where bool is named), else the key's type error."""
     names = types if isinstance(types, tuple) else (types,)
+    want = "/".join(_type_word(t) for t in names)
     if isinstance(v, bool) and bool not in names:
-        raise L3ConfigError(f"{key}: expected {types}, got a boolean")
+        raise L3ConfigError(f"{key}: expected {want}, got a boolean")
     if not isinstance(v, types):
-        raise L3ConfigError(f"{key}: expected {'/'.join(t.__name__ for t in names)}, got {type(v).__name__} {v!r}")
+        got = "null" if v is None else f"{'table' if isinstance(v, Mapping) else type(v).__name__} {v!r}"
+        raise L3ConfigError(f"{key}: expected {want}, got {got}")
     return v
 
 
@@ -147,8 +173,8 @@ def _coalesce(v: Any, key: str) -> int:
 def _mapping(v: Any, key: str) -> Any:
     """ranks.mapping's shape; config.py checks a list's entries against the disks."""
     if isinstance(v, str) and v not in ("balanced", "all"):
-        raise L3ConfigError(f"{key}: unknown mapping {v!r} (use 'balanced', 'all' or a list with "
-                            f"one entry per rank: a disk index or a list of disk indices)")
+        raise L3ConfigError(f"{key}: unknown mapping {v!r}{did_you_mean(v, ('balanced', 'all'))} (use 'balanced', "
+                            f"'all' or a list with one entry per rank: a disk index or a list of disk indices)")
     if not isinstance(v, (str, list)):
         raise L3ConfigError(f"{key}: expected 'balanced', 'all' or a list, got {type(v).__name__}")
     return v
@@ -156,7 +182,8 @@ def _mapping(v: Any, key: str) -> Any:
 
 def _payload_split(v: Any, key: str) -> str:
     if typed(v, key, str) not in PAYLOAD_SPLITS:
-        raise L3ConfigError(f"{key}: unknown rule {v!r} (expected 'equal_slots' or 'weights')")
+        raise L3ConfigError(f"{key}: unknown rule {v!r}{did_you_mean(v, PAYLOAD_SPLITS)} (expected 'equal_slots' or "
+                            f"'weights')")
     return v
 
 
@@ -184,7 +211,8 @@ class Kind:
 def enum(choices: tuple[str, ...], noun: str = "mode") -> Kind:
     def parse(v: Any, key: str) -> str:
         if typed(v, key, str) not in choices:
-            raise L3ConfigError(f"{key}: unknown {noun} {v!r} (expected one of {choices})")
+            raise L3ConfigError(f"{key}: unknown {noun} {v!r}{did_you_mean(v, choices)} (expected one of "
+                                f"{one_of(choices)})")
         return v
     return Kind(" \\| ".join(f'`"{c}"`' for c in choices), parse)
 
@@ -329,6 +357,12 @@ def default(path: str) -> Any:
     return None if k.default is None else k.kind.parse(k.default, path)
 
 
+def key_parser(path: str) -> Callable[[Any, str], Any]:
+    """How the key at ``path`` is read (its row's ``parse(value, key)``): a command option that ends up in a config
+    is checked as the config would check it."""
+    return _BY_PATH[path].kind.parse
+
+
 def _resolve(p: str, key: str, base_dir: str | None) -> str:
     if not p:
         raise L3ConfigError(f"{key}: empty path")
@@ -345,9 +379,10 @@ def read_section(d: Mapping[str, Any], section: str, where: str, base_dir: str |
     filled in. Unknown keys (but at the top level, which :func:`read_keys` checks) and bad values are refused."""
     rows = SECTIONS[section]
     if where:
+        names = [r.name for r in rows]
         for k in d:
-            if k not in [r.name for r in rows]:
-                raise L3ConfigError(f"{where}.{k}: unknown key (known: {', '.join(r.name for r in rows)})")
+            if k not in names:
+                raise L3ConfigError(f"{where}.{k}: unknown key{did_you_mean(k, names)} (known: {', '.join(names)})")
     out = {}
     for r in rows:
         key = f"{where}.{r.name}" if where else r.name
@@ -368,7 +403,7 @@ def read_keys(data: Mapping[str, Any], base_dir: str | None) -> dict[str, Any]:
     known = sorted({k.path.split(".")[0] for k in KEYS})
     for k in data:
         if k not in known:
-            raise L3ConfigError(f"{k}: unknown key (known: {', '.join(known)})")
+            raise L3ConfigError(f"{k}: unknown key{did_you_mean(k, known)} (known: {', '.join(known)})")
     out: dict[str, Any] = {}
     for section, rows in SECTIONS.items():
         if section in FREE_KEYED:
@@ -466,13 +501,13 @@ def _cell(text: str) -> str:
 
 
 def reference_markdown() -> str:
-    """docs_internal/l3_config_reference.md: every key, its value, default and doc, section by section."""
+    """docs/l3_config_reference.md: every key, its value, default and doc, section by section."""
     out = ["# L3 config reference", "",
            "<!-- Generated from sglang_glm_ext/l3/config_table.py: python -m sglang_glm_ext.l3.config_table "
-           "--reference > docs_internal/l3_config_reference.md -->", "",
+           "--reference > docs/l3_config_reference.md -->", "",
            "The file `--cp-l3-config` names (TOML, or JSON for a `.json` file); `sglang-glm-ext l3 example-config "
            "--dir DIR` writes a valid one. A bad value stops the load with an error that starts with its key "
-           "(`queues.wait_ms: ...`). Measured costs behind the defaults: `l3_tuning.md`."]
+           "(`queues.wait_ms: ...`). Measured costs behind the defaults: `docs_internal/l3_tuning.md`."]
     for section, rows in SECTIONS.items():
         title, intro = _SECTION_DOCS[section]
         out += ["", f"## {title}", "", intro, "", "| key | value | default | what it sets |", "|---|---|---|---|"]
@@ -486,5 +521,5 @@ def reference_markdown() -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--reference"]:
-        sys.exit("usage: python -m sglang_glm_ext.l3.config_table --reference > docs_internal/l3_config_reference.md")
+        sys.exit("usage: python -m sglang_glm_ext.l3.config_table --reference > docs/l3_config_reference.md")
     sys.stdout.write(reference_markdown())

@@ -109,7 +109,8 @@ def _read(path: str) -> _Read:
             with open(where, "rb") as f:
                 st, raw = os.fstat(f.fileno()), f.read()
         except OSError as e:
-            raise L3ConfigError(f"<file>: cannot read L3 config {path!r}: {e}") from e
+            raise L3ConfigError(f"cannot read it: {e.strerror or e}; make it readable by the user that runs "
+                                f"the server") from e
         # L3Config's public loader of parsed data: the bytes read here are parsed, not the file again.
         cfg = L3Config.from_dict(decode(raw, path), source=path, base_dir=os.path.dirname(where))
     except L3ConfigError as exc:

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
 from ..declare import DoctorInput, DoctorPart, DoctorReporter, Problem
-from . import fp4_layout, glm4, guard, hardware
+from . import glm4, guard, hardware
 from .feature import FEATURE
 
 
@@ -101,7 +101,9 @@ def launch_problems(part: Mapping[str, Any]) -> list[str]:
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 10 ** 8 else fp4_layout.fmt_bytes(n)
+    from .fp4_layout import fmt_bytes  # imports torch: the CLI's light commands never reach this
+
+    return f"{n / 1e9:.2f} GB" if n >= 10 ** 8 else fmt_bytes(n)
 
 
 def render_shared_expert(part: Any) -> list[str]:

@@ -12,9 +12,10 @@ under megamoe) and added to the kernel's fully combined rows by the hook, with n
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .routing import KernelRouting
+if TYPE_CHECKING:  # routing imports torch; here it is an annotation only, so doctor and the CLI stay light
+    from .routing import KernelRouting
 
 
 class PlanError(ValueError):

@@ -6,11 +6,52 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 import warnings
 from typing import Any, Callable, Iterator
 
+from ..l3.tools import exit_codes
+from ..l3.tools.args import positive_float, positive_int, tighten
 from . import __version__
+
+# Building the parser and running --version, --help, flags and the l3 tools imports neither torch nor SGLang (a
+# subprocess test checks it): a subcommand imports what it needs inside its func, and a module the parser imports
+# keeps torch inside the functions that use it.
+
+# What each command's exit status means: its help epilog and docs/cli.md's table (tests/plugin/test_cli_exit_codes.py
+# keeps them equal and checks the codes the commands return). One rule but for the L3 store tools: 0 done or clean,
+# 1 it ran and something failed (doctor's problems, a failed check, a write the system refused), 2 refused before it
+# started (a usage error, or arguments that name what cannot be used as they are). l3 fsck / ls keep e2fsck's codes so
+# a script tells "repaired" from "still broken" from "could not look"; l3 bench's 3 tells a missed target from a crash.
+USAGE = "usage error"
+EXIT_STATUS: dict[str, tuple[tuple[int, str], ...]] = {
+    "doctor": ((0, "no problem found"), (1, "problems found (each with its fix)"),
+               (2, f"{USAGE}, or a launch line it cannot read")),
+    "flags": ((0, "printed"), (2, USAGE)),
+    "manifest": ((0, "printed or written"), (1, "--write could not write the file"), (2, USAGE)),
+    "l3 example-config": exit_codes.EXAMPLE_CONFIG,
+    "l3 fsck": exit_codes.MEANINGS,
+    "l3 ls": exit_codes.LS,
+    "l3 bench": exit_codes.BENCH,
+    "demo": ((0, "every byte matched"), (1, "a check failed"),
+             (2, f"{USAGE}, or not run here (a GPU is visible, or the plugin is disabled)")),
+    "tiny-model": ((0, "written"), (2, f"{USAGE}, or DIR is not empty (--force writes into it) or is a file")),
+    "cpu-serve run": ((0, "every check passed"), (1, "a check failed (listed at the end)"), (2, USAGE)),
+    "gpu-bringup run": ((0, "every check passed"), (1, "a check failed (listed at the end)"), (2, USAGE)),
+}
+INTERRUPTED, PIPE_CLOSED = 130, 141  # as a shell reports a command killed by SIGINT / SIGPIPE
+EVERY_COMMAND = ((INTERRUPTED, "interrupted (Ctrl-C)"),
+                 (PIPE_CLOSED, "whoever read its output stopped early (a pipe into head): no traceback"))
+
+
+def exit_status_markdown() -> str:
+    """docs/cli.md's table: every command, each exit status it can end with and what it means."""
+    rows = ["| command | exit status |", "|---|---|"]
+    rows += [f"| `{name}` | " + "; ".join(f"{code} {meaning}" for code, meaning in codes) + " |"
+             for name, codes in EXIT_STATUS.items()]
+    rows.append("| every command | " + "; ".join(f"{code} {meaning}" for code, meaning in EVERY_COMMAND) + " |")
+    return "\n".join(rows) + "\n"
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -46,16 +87,6 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
 # ---- the subcommands: each adder adds one (or a group) to `sub` and sets its func(args) -> exit status ----
 
 def _add_doctor(sub) -> None:
@@ -77,9 +108,9 @@ def _add_doctor(sub) -> None:
     launch = doc.add_argument_group("launch", "SGLang settings of the launch to check, without its whole command "
                                     "line: they size a hugepage-backed HiCache launch (SGLANG_HUGEPAGE_SIZE) and "
                                     "switch SGLang-switched features on (megamoe)")
-    launch.add_argument("--hicache-size", type=_positive_int, default=None, metavar="GB",
+    launch.add_argument("--hicache-size", type=positive_int, default=None, metavar="GB",
                         help="the launch's --hicache-size (GB per rank): whether the node's hugepages hold it")
-    launch.add_argument("--ranks-per-node", type=_positive_int, default=None, metavar="N",
+    launch.add_argument("--ranks-per-node", type=positive_int, default=None, metavar="N",
                         help="scheduler ranks on this node (tp*pp*dp / nnodes); default: from the launch line, "
                              "else visible GPUs, else 1")
     # SGLang's own switches of a feature (`doctor --moe-a2a-backend megamoe`); they reach doctor as DoctorInput.launch
@@ -123,8 +154,12 @@ def _add_manifest(sub) -> None:
 
         text = render(PATCHES)
         if args.write:
-            with open(args.write, "w") as f:
-                f.write(text)
+            try:
+                with open(args.write, "w") as f:
+                    f.write(text)
+            except OSError as e:
+                print(f"sglang-glm-ext manifest: cannot write {args.write}: {e.strerror or e}", file=sys.stderr)
+                return 1
         else:
             sys.stdout.write(text)
         return 0
@@ -159,6 +194,16 @@ def _add_cpu_serve(sub) -> None:
 
     tiny_model.add_subcommand(sub)
     cpu_serve_run.add_subcommand(sub)
+    # Their numbers checked as they are parsed (a run never starts on --turns 0 or a negative timeout).
+    tighten(sub.choices["tiny-model"], {o: positive_int for o in ("--hidden", "--layers", "--experts", "--context")})
+    tighten(_run_parser(sub, "cpu-serve"), {"--conversations": positive_int, "--turns": positive_int,
+                                            "--server-timeout": positive_float})
+
+
+def _run_parser(sub, name: str) -> argparse.ArgumentParser:
+    """The `run` parser of a `NAME run` group."""
+    (inner,) = [a for a in sub.choices[name]._actions if isinstance(a, argparse._SubParsersAction)]
+    return inner.choices["run"]
 
 
 def _add_gpu_bringup(sub) -> None:
@@ -176,10 +221,11 @@ def _add_gpu_bringup(sub) -> None:
     r.add_argument("--io-backend", choices=("kernel", "direct"), default="kernel", help="--hicache-io-backend")
     r.add_argument("--dtype", default="float32", help="model dtype (float32: greedy ids compare across restarts)")
     r.add_argument("--no-cuda-graphs", action="store_true", help="leave out the CUDA-graph phase")
-    r.add_argument("--conversations", type=int, default=3,
+    r.add_argument("--conversations", type=positive_int, default=3,
                    help="multi-turn conversations in the workload (they share one system prompt)")
-    r.add_argument("--turns", type=int, default=3, help="user turns per conversation")
-    r.add_argument("--server-timeout", type=float, default=420.0, help="seconds a server may take to be ready")
+    r.add_argument("--turns", type=positive_int, default=3, help="user turns per conversation")
+    r.add_argument("--server-timeout", type=positive_float, default=420.0,
+                   help="seconds a server may take to be ready")
 
     def run(a) -> int:
         from ..cpu_serve import run as serve_run
@@ -209,7 +255,16 @@ def build_parser() -> ArgumentParser:
         if not {"-v", "--verbose"} & set(p._option_string_actions):
             p.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
                            help="also print SGLang's own warnings and log lines")
+        codes = EXIT_STATUS.get(command_name(p))
+        text = exit_codes.epilog(codes) if codes is not None else None
+        if text is not None and not (p.epilog or "").startswith(text):  # fsck's says more ("as e2fsck's")
+            p.epilog = f"{text}. {p.epilog}" if p.epilog else text  # before doctor's example
     return parser
+
+
+def command_name(parser: argparse.ArgumentParser) -> str:
+    """`l3 fsck` for the parser of `sglang-glm-ext l3 fsck`."""
+    return parser.prog.split(" ", 1)[1] if " " in parser.prog else ""
 
 
 def subcommand_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
@@ -241,7 +296,28 @@ def quiet_sglang() -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    with contextlib.nullcontext() if getattr(args, "verbose", 0) else quiet_sglang():
-        return int(args.func(args) or 0)
+    try:
+        try:
+            args = build_parser().parse_args(argv)  # --help and --version exit from here
+            with contextlib.nullcontext() if getattr(args, "verbose", 0) else quiet_sglang():
+                return int(args.func(args) or 0)
+        finally:
+            sys.stdout.flush()  # here, not at exit: a closed pipe is then ours to answer
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return INTERRUPTED
+    except BrokenPipeError:
+        _drop_stdout()
+        return PIPE_CLOSED
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what is still buffered finds no closed pipe
+    (Python's own advice for SIGPIPE); a stdout without a file descriptor (a test's capture) is left alone."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)

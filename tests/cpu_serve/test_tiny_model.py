@@ -73,7 +73,7 @@ def test_bad_arguments_are_clear_errors(sglang_python, tmp_path):
         tiny_model.write("glm5", str(tmp_path / "x"))
     proc = sglang_python.run(module="sglang_glm_ext.cli", argv=["tiny-model", "--arch", "glm5", tmp_path / "x"],
                              env=dict(os.environ), timeout=300)
-    assert proc.returncode == 2 and "not empty" in proc.stdout and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "not empty" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_plain_dummy_removes_the_marker(tmp_path):

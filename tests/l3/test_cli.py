@@ -1,6 +1,7 @@
 """`sglang-glm-ext l3 example-config` as an operator meets it: an edited l3.toml is never overwritten without
 --force, a --dir it cannot write is one line naming the fix (a file, no permission, a read-only file system), and
-it prints the next step: the launch line."""
+it prints the next step: the launch line. Exit 2 when the arguments name what cannot be used as it is (l3.toml
+exists, a file where a directory goes), 1 when the system refuses the write (docs/cli.md)."""
 
 import argparse
 import contextlib
@@ -44,7 +45,7 @@ def test_an_edited_config_is_not_overwritten_without_force(tmp_path, capsys):
     path = tmp_path / "l3.toml"
     path.write_text(path.read_text().replace('deployment_id = "example"', 'deployment_id = "mine"'))
     capsys.readouterr()
-    assert run("--dir", str(tmp_path)) == 1
+    assert run("--dir", str(tmp_path)) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     err = one_line(captured.err)
@@ -57,9 +58,9 @@ def test_an_edited_config_is_not_overwritten_without_force(tmp_path, capsys):
 def test_a_dir_that_is_a_file_is_one_line(tmp_path, capsys):
     f = tmp_path / "afile"
     f.write_text("x")
-    assert run("--dir", str(f)) == 1
+    assert run("--dir", str(f)) == 2
     assert "is a file, not a directory" in one_line(capsys.readouterr().err)
-    assert run("--dir", str(f / "sub")) == 1
+    assert run("--dir", str(f / "sub")) == 2
     assert "a part of that path is a file" in one_line(capsys.readouterr().err)
 
 

@@ -1,5 +1,5 @@
 """The L3 config's key table (l3/config_table.py) is the one place a key's parser, default and doc are written: the
-dataclass defaults, from_dict, the example config and docs_internal/l3_config_reference.md all come from it."""
+dataclass defaults, from_dict, the example config and docs/l3_config_reference.md all come from it."""
 
 import dataclasses
 import pathlib
@@ -14,8 +14,8 @@ from sglang_glm_ext.l3.config import L3Config, L3ConfigError, example_config
 from sglang_glm_ext.l3.config_table import KEYS, OMIT, REQUIRED, SAME, default, reference_markdown
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-REFERENCE = ROOT / "docs_internal" / "l3_config_reference.md"
-REGENERATE = "python -m sglang_glm_ext.l3.config_table --reference > docs_internal/l3_config_reference.md"
+REFERENCE = ROOT / "docs" / "l3_config_reference.md"
+REGENERATE = "python -m sglang_glm_ext.l3.config_table --reference > docs/l3_config_reference.md"
 # L3Config fields no single key fills: from_dict's explicit code sets them ([[disks]], ranks, payload_weights) or the
 # caller does (source, the test-only env var).
 EXPLICIT_FIELDS = {"disks", "num_ranks", "rank_to_disk", "rank_to_disks", "payload_weights", "source",
@@ -110,10 +110,10 @@ def test_each_example_line_that_tools_edit_by_text_is_there_once(tmp_path):
     ({"writers": {"bogus": 1}}, "writers.bogus: unknown key (known: mode)"),
     ({"disks": [{"path": "/x/d", "budget": 1, "bogus": 1}]}, "disks[0].bogus: unknown key (known: path, budget)"),
     ({"require_plp": "yes"}, "require_plp: expected bool, got str 'yes'"),
-    ({"queues": {"layer_first_reads": True}}, "queues.layer_first_reads: expected <class 'str'>, got a boolean"),
-    ({"gc": "x"}, "gc: expected Mapping, got str 'x'"),
-    ({"queues": True}, "queues: expected typing.Mapping, got a boolean"),
-    ({"index": None}, "index: expected Mapping, got NoneType None"),
+    ({"queues": {"layer_first_reads": True}}, "queues.layer_first_reads: expected str, got a boolean"),
+    ({"gc": "x"}, "gc: expected table, got str 'x'"),
+    ({"queues": True}, "queues: expected table, got a boolean"),
+    ({"index": None}, "index: expected table, got null"),
     ({"disks": "x"}, "disks: expected list, got str 'x'"),
     ({"disks": []}, "disks: at least one disk is required"),
     ({"disks": ["x"]}, "disks[0]: expected a table with path and budget"),
@@ -124,11 +124,11 @@ def test_each_example_line_that_tools_edit_by_text_is_there_once(tmp_path):
     ({"disks": [{"path": "/x/d", "budget": 1}, {"path": "/x/d", "budget": 1}]}, "disks[1].path: '/x/d' listed twice"),
     ({"index": {"path": "/x/i", "map_size": 1000}}, "index.map_size: 1000 bytes is too small (>= 1 MiB)"),
     ({"index": {"path": "/x/i", "check": "paranoid"}}, "index.check: unknown mode 'paranoid' (expected one of "
-                                                       "('fast', 'full'))"),
+                                                       "'fast', 'full')"),
     ({"index": {"path": "/x/i", "on_damage": "refuse"}}, "index.on_damage: unknown action 'refuse' (expected one of "
-                                                         "('salvage', 'reset'))"),
+                                                         "'salvage', 'reset')"),
     ({"ack": 1}, "ack: expected str, got int 1"),
-    ({"plp": "maybe"}, "plp: unknown value 'maybe' (expected one of ('auto', 'assume_safe', 'assume_unsafe'))"),
+    ({"plp": "maybe"}, "plp: unknown value 'maybe' (expected one of 'auto', 'assume_safe', 'assume_unsafe')"),
     ({"ranks": {"count": 2, "mapping": [0, 0, 0]}}, "ranks.mapping: has 3 entries but ranks.count = 2"),
     ({"ranks": {"mapping": []}}, "ranks.mapping: empty list"),
     ({"ranks": {"mapping": [[0, 0]]}}, "ranks.mapping[0][1]: disk 0 listed twice for this rank (each disk at most "
@@ -142,7 +142,7 @@ def test_each_example_line_that_tools_edit_by_text_is_there_once(tmp_path):
                                                    "are durable, so it needs a wait (e.g. 5000); 0 would answer every "
                                                    "write as failed"),
     ({"queues": {"read_coalesce_bytes": "2GiB"}}, "queues.read_coalesce_bytes: at most 1 GiB, got 2147483648 B"),
-    ({"writers": "spread"}, "writers: expected Mapping, got str 'spread'"),
+    ({"writers": "spread"}, "writers: expected table, got str 'spread'"),
     ({"payload_split": "x"}, "payload_split: unknown rule 'x' (expected 'equal_slots' or 'weights')"),
     ({"payload_weights": {"target_kv": 1}}, "payload_weights: set payload_split = 'weights' to use weights"),
     ({"payload_split": "weights", "payload_weights": {"index_k": 0}}, "payload_weights.index_k: expected a positive "
@@ -159,7 +159,7 @@ def test_unknown_keys_and_bad_values_keep_their_messages(over, message):
     ({"disks": [{"path": "/x/d0", "budget": 1}]}, "index: required key missing"),
     ({"index": {"path": "/x/i"}}, "disks: required key missing"),
     ({}, "disks: required key missing"),
-    ([], "<root>: expected a table/object"),
+    ([], "expected a table at the top level (a JSON object), got list"),
 ])
 def test_missing_tables_keep_their_messages(data, message):
     with pytest.raises(L3ConfigError) as e:

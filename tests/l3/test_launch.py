@@ -137,3 +137,19 @@ def test_a_launch_check_that_passes_leaves_nothing_behind(tmp_path):
     launch.plan_launch(True, cfg)
     doctor.report(DoctorInput(values(enable_cp_l3=True, cp_l3_config=cfg), (), {}))
     assert sorted(os.listdir(os.path.dirname(cfg))) == ["l3.toml"]  # no slab directory, no index, no probe file
+
+
+def test_a_config_the_server_cannot_read_is_one_line_naming_the_flag_and_the_fix(tmp_path, monkeypatch):
+    """An unreadable file (root reads every file, so the open is made to fail): the flag, the reason, the fix; no
+    placeholder, no Python repr."""
+    path = write_config(tmp_path)
+
+    def refuse(*a, **kw):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(launch, "open", refuse, raising=False)
+    monkeypatch.setattr(launch, "_READS", {})
+    with pytest.raises(PluginFlagError) as refused:
+        feature.validate(values(enable_cp_l3=True, cp_l3_config=path))
+    assert str(refused.value) == (f"--cp-l3-config {path}: cannot read it: Permission denied; make it readable by "
+                                  f"the user that runs the server")

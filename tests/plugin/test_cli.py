@@ -67,7 +67,8 @@ def test_bench_dir_default_is_in_its_help(capsys):
     assert exc.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "--dir DIR directory on the disk under test (default: /tmp/l3_bench)" in out
-    assert "exit status: 0 every target met, 3 a row is FAIL" in out
+    assert "exit status: 0 every target met, 2 usage error (a bad number included), 3 the bench ran and a row is " \
+           "FAIL" in out
 
 
 def test_plugin_path_flags_show_a_kind_not_the_carriers_dest(capsys):

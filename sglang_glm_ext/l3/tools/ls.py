@@ -2,7 +2,8 @@
 
 Read-only: the index is opened read-only (never created) and slabs are only stat'ed, so it is safe next to live
 servers. Given a config it looks at the config's index and under every configured disk; given an index directory
-alone it finds the slabs through the owner lock files the stores left in it (each names its slab directory).
+alone it finds the slabs through the owner lock files the stores left in it (each names its slab directory, taken
+relative to the index where the same tree holds it: a copied tree lists its own slabs, never the original's).
 
 An index key carries a deployment's tag (a hash of its ``deployment_id``), not its name: a name is shown when
 something on the node names it (an owner lock file in the index directory, a ``<disk>/<deployment>/rank<r>``
@@ -208,8 +209,36 @@ def _slab_files(d: str) -> "list[str]":
     return sorted(glob.glob(os.path.join(glob.escape(d), "*.slab")))
 
 
+def _common(a: str, b: str) -> str:
+    try:
+        return os.path.commonpath([a, b])
+    except ValueError:
+        return os.sep
+
+
+def _rebased(index_path: str, recorded: str) -> str:
+    """Where the slab directory an owner lock recorded is now. A lock keeps the absolute path its store wrote, so in
+    a copy of a whole L3 tree (index and disks under one directory) it names the original's slabs. The directory is
+    looked for first at the same place relative to the index: under each ancestor of the index below the one it
+    shares with the recorded path, nearest first, the longest tail of the recorded path (at least
+    ``<deployment>/rank<r>``) that exists there. The recorded path itself where none does (the index alone was
+    copied, or the tree is where it was written)."""
+    recorded, index_path = os.path.normpath(recorded), os.path.normpath(os.path.abspath(index_path))
+    parts = recorded.split(os.sep)[1:]
+    shared = _common(recorded, index_path)
+    anc = os.path.dirname(index_path)
+    while anc != shared and anc.startswith(shared):
+        for i in range(len(parts) - 1):  # longest tail first
+            cand = os.path.join(anc, *parts[i:])
+            if os.path.isdir(cand):
+                return cand
+        anc = os.path.dirname(anc)
+    return recorded
+
+
 def _collect_slabs(index_path: str, config: "L3Config | None") -> "dict[tuple[str, int], list[SlabInfo]]":
-    """(deployment, rank) -> its slabs: under every configured disk, else where the owner lock files point."""
+    """(deployment, rank) -> its slabs: under every configured disk; a (deployment, rank) none of them holds, where
+    its owner lock file points (rebased onto the index's tree, :func:`_rebased`)."""
     dirs: set[tuple[str, int, str, int | None]] = set()
     if config is not None:
         for i, disk in enumerate(config.disks):
@@ -218,10 +247,14 @@ def _collect_slabs(index_path: str, config: "L3Config | None") -> "dict[tuple[st
                     m = _RANK_RE.match(r)
                     if m:
                         dirs.add((dep, int(m.group(1)), os.path.join(disk.path, dep, r), i))
+    held = {(dep, rank) for dep, rank, _, _ in dirs}
     for dep, rank, holder in _lock_files(index_path):
         sdir = holder.get("slab_dir") if holder else None
-        if isinstance(sdir, str) and os.path.isdir(sdir) and not any(x[2] == os.path.normpath(sdir) for x in dirs):
-            dirs.add((dep, rank, os.path.normpath(sdir), None))
+        if not isinstance(sdir, str) or not os.path.isabs(sdir) or (dep, rank) in held:
+            continue
+        sdir = _rebased(index_path, sdir)
+        if os.path.isdir(sdir):
+            dirs.add((dep, rank, sdir, None))
     out: dict[tuple[str, int], list[SlabInfo]] = collections.defaultdict(list)
     for dep, rank, d, disk in sorted(dirs, key=lambda x: (x[0], x[1], x[2])):
         for path in _slab_files(d):
@@ -252,8 +285,8 @@ def inventory(path: str) -> dict:
     if os.path.isdir(path):
         index_path, map_size = os.path.abspath(path), 2**20
         if not os.path.exists(os.path.join(index_path, "data.mdb")):
-            raise L3ConfigError(f"<path>: {path!r} is a directory without an L3 index (no data.mdb); give the L3 "
-                                f"config (l3.toml) or its index.path")
+            raise L3ConfigError("a directory without an L3 index (no data.mdb): give the L3 config (l3.toml) or its "
+                                "index.path")
     else:
         config = L3Config.from_file(path)
         index_path, map_size = config.index_path, config.index_map_size
@@ -352,7 +385,7 @@ def run_args(args: argparse.Namespace) -> int:
     try:
         inv = inventory(args.path)
     except L3ConfigError as e:
-        print(f"l3 ls: {e}", file=sys.stderr)
+        print(f"l3 ls: {args.path}: {e}", file=sys.stderr)
         return exit_codes.USAGE
     except OSError as e:
         print(f"l3 ls: {e}", file=sys.stderr)
