@@ -51,10 +51,16 @@ class EnvVar:
 class Flag:
     name: str  # attribute / Engine keyword; the CLI spelling is derived (`cli`)
     help: str
-    kind: str = "bool"  # bool | path | int
+    kind: str = "bool"  # bool | path | int | choice
     default: Any = None
     env: EnvVar | None = None  # a bool flag's env var: set to 1, it turns the flag on without the flag
     switch: bool = False  # True: this flag switches its feature on
+    choices: tuple[str, ...] = ()  # a choice flag's values (its default None: left to the feature to resolve)
+
+    @property
+    def metavar(self) -> str:
+        """How --help and the flag table name its value: `PATH`, `INT`, `{auto,on,off}`."""
+        return "{" + ",".join(self.choices) + "}" if self.choices else self.kind.upper()
 
     @property
     def cli(self) -> str:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 PKG = pathlib.Path(__file__).resolve().parents[1] / "sglang_glm_ext"
-FEATURE_FOLDERS = ("cuda_graph_mem", "host_register", "hugepages", "l3", "megamoe", "cpu_serve", "gpu_bringup")
+FEATURE_FOLDERS = ("cuda_graph_mem", "host_register", "hugepages", "l3", "megamoe", "cpu_serve", "gpu_bringup", "host_dedup")
 # The one import across feature folders: the demo's CPU stand-in installer binds the CPU serving mode's torch copies
 # (a pure module that imports nothing of the package), instead of a second copy of them.
 # The GPU bring-up tier's hooks serve the same tiny models with the same seeded weights and perturbed loads as the

@@ -9,7 +9,7 @@ def flags_table() -> str:
     rows = ["| switch | kind | feature | default | what it does |", "|---|---|---|---|---|"]
     for f in FLAGS:
         also = f" (also `{f.env.name}=1`)" if f.env else ""
-        kind = "flag" if f.kind == "bool" else f"flag `{f.kind.upper()}`"
+        kind = "flag" if f.kind == "bool" else f"flag `{f.metavar}`"
         rows.append(f"| `{f.cli}` | {kind} | {_owner(f)} | `{f.default}` | {f.help}{also} |")
     for e in ENV_VARS:
         rows.append(f"| `{e.name}` | env | {_owner(e)} | `{e.default or 'unset'}` | {e.help} |")

@@ -40,8 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag.cli, dest=f"glm_ext__{flag.name}", action="store_true", help=flag.help)
         else:
             # metavar: the kind, as the flag table names it (`--cp-l3-config PATH`), not the carrier's dest
-            group.add_argument(flag.cli, dest=f"glm_ext__{flag.name}", type=str if flag.kind == "path" else int,
-                               default=flag.default, metavar=flag.kind.upper(), help=flag.help)
+            group.add_argument(flag.cli, dest=f"glm_ext__{flag.name}", type=int if flag.kind == "int" else str,
+                               default=flag.default, metavar=flag.metavar, choices=flag.choices or None,
+                               help=flag.help)
 
 
 def values_from_namespace(ns: argparse.Namespace) -> dict[str, Any]:
@@ -62,6 +63,8 @@ def validate(values: Mapping[str, Any]) -> dict[str, Any]:
             raise PluginFlagError(f"unknown sglang-glm-ext option {name!r}; known: {sorted(FLAG_BY_NAME)}")
         if flag.kind == "bool" and not isinstance(value, bool):
             raise PluginFlagError(f"{flag.cli} expects true/false, got {value!r}")
+        if flag.choices and value is not None and str(value).strip().lower() not in flag.choices:
+            raise PluginFlagError(f"{flag.cli} {value}: expected one of {', '.join(flag.choices)}")
         out[name] = value
     for feature in FEATURES:
         if feature.validate is not None:

@@ -15,6 +15,7 @@ from ..cpu_serve import doctor as cpu_serve_doctor, feature as cpu_serve, patche
 from ..cuda_graph_mem import feature as cuda_graph_mem, patches as cuda_graph_mem_patches
 from ..declare import DoctorReporter, EnvVar, Feature, Flag, Patch
 from ..gpu_bringup import doctor as gpu_bringup_doctor, feature as gpu_bringup, patches as gpu_bringup_patches
+from ..host_dedup import doctor as host_dedup_doctor, feature as host_dedup, patches as host_dedup_patches
 from ..host_register import feature as host_register, patches as host_register_patches
 from ..hugepages import doctor as hugepages_doctor, feature as hugepages, patches as hugepages_patches
 from ..l3 import doctor as l3_doctor, feature as l3, patches as l3_patches
@@ -24,6 +25,7 @@ from . import envs, feature as plugin, patches as plugin_patches
 ROWS: tuple[tuple[Feature, tuple[Patch, ...]], ...] = (
     (plugin.FEATURE, plugin_patches.PATCHES),
     (l3.FEATURE, l3_patches.PATCHES),
+    (host_dedup.FEATURE, host_dedup_patches.PATCHES),
     (cuda_graph_mem.FEATURE, cuda_graph_mem_patches.PATCHES),
     (host_register.FEATURE, host_register_patches.PATCHES),
     (hugepages.FEATURE, hugepages_patches.PATCHES),
@@ -38,6 +40,7 @@ DOCTOR_PARTS: tuple[DoctorReporter, ...] = (
     megamoe_doctor.REPORTER,
     hugepages_doctor.REPORTER,
     l3_doctor.REPORTER,
+    host_dedup_doctor.REPORTER,
     cpu_serve_doctor.REPORTER,
     gpu_bringup_doctor.REPORTER,
 )

@@ -52,8 +52,9 @@ SCHEMA_1 = {"schema", "ok", "problems", "plugin", "sglang", "versions", "patches
 
 
 def test_json_schema_keys_are_stable(report):
-    # schema 1 as first published, plus additions (never a rename): each problem's fix, the patch counts
-    assert set(report) == SCHEMA_1 | {"problem_details", "patch_counts"}
+    # schema 1 as first published, plus additions (never a rename): each problem's fix, the patch counts, the
+    # host-dedup section (which pools run deduplicated, and why not)
+    assert set(report) == SCHEMA_1 | {"problem_details", "patch_counts", "host_dedup"}
     assert report["l3"] == {"active": False}
     assert set(report["hardware"]) == {"cuda_available", "gpus", "fp4_megamoe", "hugepages", "l3_paths", "megamoe",
                                        "cpu_serve", "l3_checksum", "gpu_bringup"}

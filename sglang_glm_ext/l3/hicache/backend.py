@@ -26,14 +26,19 @@ the pool's own payload kind (a sidecar pool's keys are bound to its byte format,
 Under context parallelism (``docs_internal/l3_cp.md``) replicated (MLA/DSA) pages have a CP-rank-free namespace and,
 with the plugin's ``l3.cp_storage_writers`` patch, each page is written by one owner among its node's replicas
 (``cp_writers.WriterPlan``); under DSA cache layer split each CP rank's part has a namespace of its own and the rank
-writes it itself (``parts.LayerPart``). :meth:`get_stats` hands SGLang its ``StorageMetrics`` by swapping bounded
+writes it itself (``parts.LayerPart``). Under host dedup (the ``host_dedup`` feature puts the rank's role in the extra
+config) the node's source writes every page (``WriterPlan.sole``) and a peer, whose pools are allocator-only,
+attaches with no store: it reads and writes nothing and the controller's MINs give it the source's counts
+(``docs_internal/host_dedup.md``). :meth:`get_stats` hands SGLang its ``StorageMetrics`` by swapping bounded
 sample lists.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+import types
 from typing import Any, Callable, List, Optional
 
 import torch
@@ -49,6 +54,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 from ..config import L3Config, L3ConfigError
 from ..errors import L3StoreError
 from . import extra_config, metrics, sglang_pools
+from .cp_writers import WriterPlan
 from .datapath import BackendCounters, DataPath, Samples
 from .extra_config import AttachError
 from .plan import KV, POOL_KINDS, SIDECAR_POOLS, AttachPlan, plan_attach, plan_late_pool
@@ -76,6 +82,41 @@ def _nones(n: int) -> list:
     return [None] * n
 
 
+DEDUP_KEY = "host_dedup"  # extra config: {"role": "source"|"peer", "source_tp_rank", "group"} (host_dedup feature)
+_NO_PLAN = types.SimpleNamespace(kv=None, pools={})
+
+
+class _PeerPath:
+    """The run of a host-dedup peer: it holds no bytes, so it reads and writes nothing and answers every page as
+    present and loaded. The controller's MIN groups over hits and completions then give every rank the source's
+    counts: a peer never claims a page the source did not land, and never waits on a read nobody does."""
+
+    store = None
+
+    def __init__(self, c: BackendCounters):
+        self.c = c
+
+    def reload(self, rec, keys, host_indices) -> list[bool]:
+        return [True] * _count(keys)
+
+    def spill(self, rec, keys, host_indices) -> list[bool]:
+        self.c.set_not_owned += _count(keys)  # never called (peers are no storage writers); acknowledged unwritten
+        return [True] * _count(keys)
+
+    def exists(self, pools, keys, transfers=()) -> tuple[int, dict]:
+        n = _count(keys)
+        return n, {"kv": n, **{t.name: n for t in transfers or ()}}
+
+    def transfer(self, pools, transfer, op: Callable) -> list[bool]:
+        return op(None, getattr(transfer, "keys", None) or (), getattr(transfer, "host_indices", None))
+
+    def get_flat(self, rec, keys, dst) -> list:
+        return _nones(_count(keys))  # the generic path is not the plugin's (interface_v1); a miss, never bytes
+
+    def set_flat(self, rec, keys, values) -> bool:
+        return False
+
+
 class L3HiCacheStorage(HiCacheStorage):
     """One rank's L3 tier for SGLang's HiCache. Invariant: every data-path method returns a result of the promised
     shape and never raises; before :meth:`on_host_pools_registered` and after :meth:`close` it is a miss."""
@@ -99,6 +140,7 @@ class L3HiCacheStorage(HiCacheStorage):
         self._metrics = None  # the L3 metrics registration, when --enable-metrics
         self._closed = False
         self._last_log = 0.0
+        self._peer: dict | None = None  # host dedup: this rank's role when it is a peer
 
     # ------------------------------------------------------------------ plan (control path)
     def register_mem_pool_host(self, mem_pool_host) -> None:
@@ -115,17 +157,25 @@ class L3HiCacheStorage(HiCacheStorage):
             return
         if known is not None:
             raise AttachError(f"sglang-glm-ext L3 backend: host pool {name!r} registered twice with different pools")
+        if self._peer is not None and not sglang_pools.allocator_only(pool):
+            raise AttachError(f"sglang-glm-ext L3 backend: host pool {name!r} holds bytes but this rank is a "
+                              "host-dedup peer, which reads nothing")
         if self.plan is not None:
             self._serve_late(name, pool)
         self.pools[name] = pool
 
     def on_host_pools_registered(self) -> None:
         sc = self.storage_config
+        dedup = (sc.extra_config or {}).get(DEDUP_KEY) or {}
+        if dedup.get("role") == "peer":
+            return self._attach_peer(dedup)
         try:
             plan = plan_attach(sc, self.config, self.pools, host_memory_mode=sglang_pools.host_memory_mode(),
                                topology=lambda: sglang_pools.topology(sc),
                                kv_dtype=lambda: sglang_pools.kv_dtype(sc, self.pools),
                                layer_part=lambda: sglang_pools.layer_part(sc, self.pools))
+            if dedup.get("role") == "source":  # the node's one copy: this rank writes every page
+                plan = dataclasses.replace(plan, writers=WriterPlan.sole(plan.topology.tp_rank))
             from ..engine.store import L3Store
 
             store = L3Store.open(self.config, rank=plan.rank, namespace=plan.namespace.to_namespace(),
@@ -147,6 +197,18 @@ class L3HiCacheStorage(HiCacheStorage):
                     plan.namespace.sealed_digest().hex(), plan.namespace.shard.tag(), st["cold_start"],
                     st["cold_start_loaded_pages"], store.shared.refs)
 
+    def _attach_peer(self, dedup: dict) -> None:
+        """A host-dedup peer: every registered pool must be allocator-only (what it would claim loaded, it must not
+        hold); no store, no disk, no index."""
+        real = [n for n, p in self.pools.items() if not sglang_pools.allocator_only(p)]
+        if real:
+            raise AttachError(f"sglang-glm-ext L3 backend cannot attach as a host-dedup peer: host pools {real} hold "
+                              "bytes, which a peer would never read or write")
+        self._peer = dedup
+        self._path = _PeerPath(self.c)
+        logger.info("sglang-glm-ext L3 backend attached as a host-dedup peer of TP rank %s (group %s): no store, no "
+                    "reads, no writes", dedup.get("source_tp_rank"), dedup.get("group"))
+
     def _serve_late(self, name: str, pool) -> None:
         """A sidecar draft pool registered after the store opened: its own record, its kind added to the store,
         then a new plan that holds it (the data path sees the pool only once everything it needs is in place)."""
@@ -164,7 +226,7 @@ class L3HiCacheStorage(HiCacheStorage):
     def _run(self, n: int, miss: Callable[[int], Any], fn: Callable, *args):
         """``fn(data_path, plan, *args)``, or ``miss(n)`` when not attached (counted ``not_ready``) or when it
         raised (counted ``errors``; the traceback logged at most once a minute)."""
-        path, plan = self._path, self.plan
+        path, plan = self._path, self.plan if self.plan is not None else _NO_PLAN
         if path is None or self._closed:
             self.c.not_ready += n
             return miss(n)
@@ -302,6 +364,9 @@ class L3HiCacheStorage(HiCacheStorage):
         plan, store = self.plan, self._store
         out = {"backend": self.c.as_dict(), "rank": self.rank, "ready": self._path is not None,
                "cp_rank": self.cp_rank, "cp_size": self.cp_size}
+        dedup = (self.storage_config.extra_config or {}).get(DEDUP_KEY)
+        if dedup:
+            out["host_dedup"] = dict(dedup)
         if plan is not None:
             w = plan.writers
             out["writers"] = {"mode": w.mode, "tp_ranks": list(w.writers), "me": w.me}

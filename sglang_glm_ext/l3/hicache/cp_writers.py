@@ -143,6 +143,12 @@ class WriterPlan:
         writers = on_node if mode == "spread" else on_node[:1]
         return cls(mode, writers, writers.index(topo.tp_rank) if topo.tp_rank in writers else -1)
 
+    @classmethod
+    def sole(cls, tp_rank: int) -> "WriterPlan":
+        """Host dedup's source (``host_dedup``): the one rank of its node's group holding the bytes writes every
+        page; its peers hold nothing and never write."""
+        return cls("dedup_source", (tp_rank,), 0)
+
     @property
     def writes_everything(self) -> bool:
         return len(self.writers) == 1 and self.me == 0

@@ -12,14 +12,20 @@ from .extra_config import AttachError
 from .parts import DCP_REFUSED, KV_SHARDING_REFUSED, LayerPart
 from .pool_plans import Buffer, LayoutRefused, PoolGeometry, PoolPlan, plan_pool
 
-__all__ = ["pool_geometry", "check_against_sglang_pointers", "kv_dtype", "topology", "host_memory_mode",
-           "pool_name", "layer_part"]
+__all__ = ["allocator_only", "pool_geometry", "check_against_sglang_pointers", "kv_dtype", "topology",
+           "host_memory_mode", "pool_name", "layer_part"]
 
 
 def pool_name(name) -> str:
     """A pool's name as SGLang passes it (a ``PoolName`` member or its string value), as a string."""
     value = getattr(name, "value", name)
     return value if isinstance(value, str) else str(value)
+
+
+def allocator_only(pool) -> bool:
+    """SGLang's allocator-only host pool (``is_dummy``: slots and an allocator, no buffer), as a host-dedup peer
+    runs its MLA KV and DSA indexer pools."""
+    return bool(getattr(pool, "_is_dummy", False))
 
 
 def pool_geometry(name: str, pool) -> PoolGeometry:
@@ -44,7 +50,8 @@ def pool_geometry(name: str, pool) -> PoolGeometry:
     layout = pool.layout
     if cls is MLATokenToKVPoolHost:
         if getattr(pool, "_is_dummy", False) or pool.kv_buffer is None:
-            raise LayoutRefused(f"{where}: allocator-only MLA host pool holds no bytes to store")
+            raise LayoutRefused(f"{where}: allocator-only MLA host pool holds no bytes to store (a host-dedup peer "
+                                "attaches without a plan: backend.L3HiCacheStorage._attach_peer)")
         if layout == "page_first_kv_split":
             plan_pool(PoolGeometry(name, "mla", layout, 1, 1, 1, 1, ()))  # raises the written decision
         buf = pool.kv_buffer

@@ -113,3 +113,10 @@ def test_impossible_layouts_are_refused(kw):
 def test_unknown_writer_mode_is_refused():
     with pytest.raises(TopologyError, match="writers.mode"):
         WriterPlan.build(Topology(0, 1), "everyone")
+
+
+def test_a_host_dedup_source_writes_every_page_alone():
+    w = WriterPlan.sole(8)
+    keys = [hashlib.sha256(bytes([i])).digest() for i in range(64)]
+    assert w.writers == (8,) and w.me == 0 and w.writes_everything
+    assert w.owned(keys) == [True] * 64 and {w.owner_of(k) for k in keys} == {8}

@@ -313,3 +313,10 @@ def test_a_published_group_that_names_no_ranks_refuses_the_attach(tmp_path, repu
     object that does not name them cannot place the part."""
     with pytest.raises(AttachError, match=r"names ranks \[\], 2 expected"):
         _split_rank(tmp_path, 0, 2, group=types.SimpleNamespace(rank_in_group=0))
+
+
+def test_allocator_only_names_sglangs_buffer_less_pools_and_nothing_else():
+    hp = pools("mla", "page_first")
+    assert not sglang_pools.allocator_only(hp.kv)
+    hp.kv._is_dummy = True
+    assert sglang_pools.allocator_only(hp.kv)
