@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 # Written from the code by their own commands and tests; the index and the README must link each of them.
 GENERATED_ELSEWHERE = ("metrics.md", "prometheus/alerts.yml", "grafana/sglang_glm_ext.json", "cli.md")
-QUICKSTARTS = ("l3", "l3_cp", "hugepages", "megamoe", "cuda_graph_mem", "cpu_serve", "gpu_bringup")
+QUICKSTARTS = ("l3", "l3_cp", "hugepages", "megamoe", "cuda_graph_mem", "cpu_serve", "gpu_bringup", "host_dedup")
 
 _FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.S | re.M)
 _CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)

@@ -21,3 +21,25 @@ def test_off_says_why_and_counts_every_replica():
     assert not d["on"] and "draft" in d["why_not"] and d["host_copies_per_node"] == 8
     d = _section({}, {"tp_size": 8, "attn_cp_size": 8})
     assert d["mode"] == "auto" and not d["on"] and "auto" in REPORTER.render({}, {"host_dedup": d})[0]
+
+
+def test_sizing_for_a_launch_line_host_bytes_and_hit_reads_on_and_off():
+    d = _section({"hicache_host_dedup": "on", "enable_cp_l3": True},
+                 {"tp_size": 8, "attn_cp_size": 8, "hicache_size": 40})
+    s = d["sizing"]
+    assert s["ranks_on_node"] == 8 and s["sized_by"] == "hicache_size"
+    assert s["off"]["host_bytes"] == 8 * s["on"]["host_bytes"]
+    assert s["off"]["hit_disk_bytes"] == 8 * s["on"]["hit_disk_bytes"]
+    lines = REPORTER.render({}, {"host_dedup": d})
+    assert "--hicache-size 40 GB per rank pins 384.4 GB dedup off, 48.1 GB on" in lines[1]
+    assert "1,000-token prefix hit reads 503.5 MB from disk per node dedup off, 62.9 MB on" in lines[2]
+
+
+def test_sizing_shows_what_on_would_give_while_auto_is_off_and_nothing_where_excluded():
+    auto = _section({"enable_cp_l3": True}, {"tp_size": 8, "attn_cp_size": 8, "hicache_size": 40})["sizing"]
+    assert auto["on"]["host_pools"] == 1 and auto["off"]["host_pools"] == 8
+    spec = _section({"hicache_host_dedup": "on"}, {"tp_size": 8, "attn_cp_size": 8, "hicache_size": 40,
+                                                   "speculative_algorithm": "NEXTN"})["sizing"]
+    assert spec["on"] == spec["off"]
+    assert _section({}, {"tp_size": 8, "enable_hierarchical_cache": False})["sizing"] is None
+    assert _section({}, {"tp_size": 8, "kv_cache_dtype": "fp4_e2m1"})["sizing"] is None
