@@ -139,6 +139,10 @@ def hook_controller_init(result, self, *args, **kwargs):
     dev = self.mem_pool_device
     plan = _device_plan(dev)
     if not plan.on:
+        # The attach log says why a launch that asked for it (or left it to auto) keeps one host copy per rank.
+        if plan.mode != "off":
+            (logger.warning if plan.mode == "on" else logger.info)(
+                "sglang-glm-ext host_dedup (--hicache-host-dedup %s): %s", plan.mode, plan.describe())
         return result
     kv_host = _kv_host(self)
     dummy = bool(getattr(kv_host, "_is_dummy", False))
