@@ -126,7 +126,7 @@ def _identity(st, out) -> None:
 def scenario_lsplit_hits(plan, rank, group, out):
     import torch.distributed as dist
 
-    from .cp_rank_kit import counts, drop_l2, durable, flush_all, page_keys, tokens
+    from .cp_rank_kit import counts, drop_l2, durable, flush_all, page_keys, rot_page, tokens
 
     st = _stack(plan, rank, group)
     try:
@@ -155,16 +155,7 @@ def scenario_lsplit_hits(plan, rank, group, out):
         # corrupt: rank 1's copy of page `bad` rots on disk: its verify fails, the completion MIN cuts every rank
         bad = plan.get("corrupt_page", 5)
         if rank == 1:
-            from ..hicache.keys import storage_key
-
-            slab = be.store.slab("target_kv")
-            _, _, slot = be.store.locate(be.plan.kv.kind, storage_key(page_keys(t1)[bad]))
-            with open(slab.path, "r+b") as f:
-                f.seek(slot * slab.slot_bytes + 2048)
-                f.write(os.urandom(256))
-            fd = os.open(slab.path, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
+            rot_page(be, page_keys(t1), bad)
         dist.barrier(group=group)
         drop_l2(st, t1)
         out["loaded_corrupt"], out["bytes_ok_corrupt"] = _load(st, t1, "corrupt")

@@ -1,6 +1,7 @@
 """What every gloo rank of the CP demos does alike (``cp_ranks.py``: plain attention CP; ``cp_layer_split.py``:
-DSA cache layer split): the tokens of a scenario, their page keys, a flush of every rank's store, how many pages are
-durable, dropping pages from L1/L2 so the next prefetch must reach L3, and a rank's page counts. DEMO/TEST-ONLY."""
+DSA cache layer split; ``dedup_ranks.py``: host dedup): the tokens of a scenario, their page keys, a flush of every
+rank's store, how many pages are durable, dropping pages from L1/L2 so the next prefetch must reach L3, a rank's page
+counts, a page rotting on disk, and a child's result written before it exits. DEMO/TEST-ONLY."""
 
 from __future__ import annotations
 
@@ -36,10 +37,43 @@ def page_keys(tokens):
 
 
 def flush_all(st, group):
+    """Every rank's store durable (a host-dedup peer has none), then a barrier."""
     import torch.distributed as dist
 
-    assert st.backend.store.flush(60), "store flush timed out"
+    store = st.backend.store
+    assert store is None or store.flush(60), "store flush timed out"
     dist.barrier(group=group)
+
+
+def rot_page(be, keys, i: int) -> None:
+    """Page ``i`` of ``keys`` rots on this rank's disk (256 random bytes inside its payload), and the page cache is
+    dropped so the next read meets the disk's bytes."""
+    import os
+
+    from ..hicache.keys import storage_key
+
+    slab = be.store.slab("target_kv")
+    _, _, slot = be.store.locate(be.plan.kv.kind, storage_key(keys[i]))
+    with open(slab.path, "r+b") as f:
+        f.seek(slot * slab.slot_bytes + 2048)
+        f.write(os.urandom(256))
+    fd = os.open(slab.path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+
+
+def write_result(path: str, out: dict, status: int):
+    """A rank child's last step: its result on disk atomically, then exit without interpreter teardown (SGLang's
+    atexit hooks, gloo) once it is there."""
+    import json
+    import os
+    import sys
+
+    with open(path + ".tmp", "w") as f:
+        json.dump(out, f)
+    os.replace(path + ".tmp", path)
+    sys.stdout.flush()
+    os._exit(status)
 
 
 def counts(st) -> dict:

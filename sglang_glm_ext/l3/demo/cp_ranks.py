@@ -33,7 +33,7 @@ import time
 import traceback
 
 from .cp_layer_split import SCENARIOS as _LAYER_SPLIT
-from .cp_rank_kit import PS, counts, drop_l2, durable, flush_all, page_keys, tokens
+from .cp_rank_kit import PS, counts, drop_l2, durable, flush_all, page_keys, tokens, write_result
 
 
 def _same(a, b) -> bool:
@@ -232,11 +232,7 @@ def main(argv: list[str]) -> int:
     except BaseException as exc:  # noqa: BLE001 - the test reads the reason
         out["error"] = f"{type(exc).__name__}: {exc}"
         out["traceback"] = traceback.format_exc()
-    with open(path + ".tmp", "w") as f:
-        json.dump(out, f)
-    os.replace(path + ".tmp", path)
-    sys.stdout.flush()
-    os._exit(status)  # skip interpreter teardown (SGLang's atexit hooks, gloo) once the result is on disk
+    write_result(path, out, status)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 
-from .cp_rank_kit import PS, drop_l2, page_keys, tokens
+from .cp_rank_kit import PS, drop_l2, flush_all, page_keys, rot_page, tokens, write_result
 
 RUN_ATTR = "_glm_ext_host_dedup"  # host_dedup/hooks.py: the DedupRun on the controller
 
@@ -65,15 +65,6 @@ def _stack(plan, rank, group):
 
     dist.barrier(group=group)
     return st
-
-
-def flush_all(st, group):
-    """Every rank's store durable (a host-dedup peer has none), then a barrier."""
-    import torch.distributed as dist
-
-    store = st.backend.store
-    assert store is None or store.flush(60), "store flush timed out"
-    dist.barrier(group=group)
 
 
 def _round(st, group, t, seed, out, tag):
@@ -136,16 +127,7 @@ def scenario_dedup(plan, rank, group, out):
         st.write_back_storage(t2)
         flush_all(st, group)
         if rank == 0:
-            from ..hicache.keys import storage_key
-
-            slab = be.store.slab("target_kv")
-            _, _, slot = be.store.locate(be.plan.kv.kind, storage_key(page_keys(t2)[bad]))
-            with open(slab.path, "r+b") as f:
-                f.seek(slot * slab.slot_bytes + 2048)
-                f.write(os.urandom(256))
-            fd = os.open(slab.path, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
+            rot_page(be, page_keys(t2), bad)
         dist.barrier(group=group)
         drop_l2(st, t2)
         n = out["loaded_corrupt"] = st.prefetch(t2, "corrupt")
@@ -185,11 +167,7 @@ def main(argv: list[str]) -> int:
     except BaseException as exc:  # noqa: BLE001 - the test reads the reason
         out["error"] = f"{type(exc).__name__}: {exc}"
         out["traceback"] = traceback.format_exc()
-    with open(path + ".tmp", "w") as f:
-        json.dump(out, f)
-    os.replace(path + ".tmp", path)
-    sys.stdout.flush()
-    os._exit(status)
+    write_result(path, out, status)
 
 
 if __name__ == "__main__":
