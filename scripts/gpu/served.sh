@@ -13,7 +13,8 @@
 #                control, fsck; $OUT/run_<target>.log each, summaries and server logs in $OUT/results.tgz
 #   --bench ARGS benchmark/cpu_server_bench.py --gpu ARGS (quoted as one word); $OUT/bench.log
 #   --gpu-tests  the suite's GPU-marked tests (pytest -m gpu -v: a deadline keeps each finished test's line), the
-#                stand-ins active in the test process and in every server it starts; $OUT/pytest_gpu.log
+#                stand-ins active in the test process and in every server it starts; $OUT/pytest_gpu.log;
+#                GPU_TESTS_PATHS (default: tests) narrows them to some files when the device time is short
 # SGLang's run-time-compiled kernels and Triton's cache go back in $OUT/cache.tgz (at most 12 MiB: with .gpucarry and the tree it must fit the 64 MiB a call carries) for the next call,
 # which reports the server ready times with them.
 set -uo pipefail
@@ -88,7 +89,7 @@ fi
 if [ "$GPU_TESTS" = 1 ] && [ "$(left)" -gt 60 ]; then
     # SIGINT at the deadline: pytest stops there and still prints its summary with every failure so far
     PYTHONPATH=$SHADOW:$PYTHONPATH timeout -s INT -k 20 "$(( $(left) - 35 ))" python3 -m pytest -m gpu -rA -v \
-        -p no:cacheprovider tests >"$OUT/pytest_gpu.log" 2>&1
+        -p no:cacheprovider ${GPU_TESTS_PATHS:-tests} >"$OUT/pytest_gpu.log" 2>&1
     echo "served.sh: GPU-marked tests exit $? ($(tail -n 1 "$OUT/pytest_gpu.log"))"
 fi
 
