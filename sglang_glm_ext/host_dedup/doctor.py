@@ -13,7 +13,9 @@ geometry: `model`, `page_size`, `layers_per_rank`, `bytes_per_token` (KV + DSA i
 `hicache_size_gb`, `hicache_ratio`, `tokens_per_pool`, `ranks_on_node`, `hit_tokens` (1000), and `off` / `on`
 (`on`: with --hicache-host-dedup on, equal to `off` where this launch is excluded), each {`host_pools`, `host_bytes`
 (pinned on the node), `distinct_tokens` (held on the node), `hit_disk_bytes` (one hit of `hit_tokens` reads on the
-node)}; tokens and host bytes are null unless --hicache-size sizes the pools.
+node), `largest_hicache_size_gb` (what SGLang's host-memory guard admits per pool on this host: (`available_bytes` -
+10 GiB) / the ranks that pin pools; null where MemAvailable cannot be read)}; tokens and host bytes are null unless
+--hicache-size sizes the pools; `available_bytes`: this host's MemAvailable (/proc/meminfo) when doctor ran.
 """
 
 from __future__ import annotations
@@ -56,6 +58,18 @@ def _float(value) -> float | None:
         return None
 
 
+def available_bytes(meminfo: str = "/proc/meminfo") -> int | None:
+    """This host's MemAvailable (what SGLang's guard starts from, before its cgroup bound), or None."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def sizing_of(f: Facts, launch: Mapping[str, Any], replicas: int) -> dict | None:
     """The node's host bytes, distinct tokens and hit disk bytes, dedup on and off; None without host pools."""
     geom = glm5(str(launch.get("kv_cache_dtype") or ""))
@@ -64,7 +78,7 @@ def sizing_of(f: Facts, launch: Mapping[str, Any], replicas: int) -> dict | None
     return node_sizing(geom, hicache_size_gb=_float(launch.get("hicache_size")) or 0,
                        hicache_ratio=_float(launch.get("hicache_ratio")), ranks_per_stage=f.tp_size_per_node,
                        stages=max(f.pp_size // max(f.nnodes, 1), 1), pp_size=f.pp_size, replicas=replicas,
-                       dedup_applies=decide(replace(f, mode="on")).on)
+                       dedup_applies=decide(replace(f, mode="on")).on, available_bytes=available_bytes())
 
 
 def report(inp: DoctorInput) -> DoctorPart:
@@ -99,9 +113,14 @@ def render_sizing(s: Mapping[str, Any]) -> list[str]:
         first = (f"--hicache-size {s['hicache_size_gb']:g} GB per rank pins {_bytes(off['host_bytes'])} dedup off, "
                  f"{_bytes(on['host_bytes'])} on, for {off['distinct_tokens']:,} distinct tokens either way")
     ranks = f"{s['ranks_on_node']} rank{'s' if s['ranks_on_node'] != 1 else ''} on the node"
-    return [f"  host dedup sizing ({s['model']}, {ranks}): {first}",
-            f"    a {s['hit_tokens']:,}-token prefix hit reads {_bytes(off['hit_disk_bytes'])} from disk per node dedup "
-            f"off, {_bytes(on['hit_disk_bytes'])} on"]
+    lines = [f"  host dedup sizing ({s['model']}, {ranks}): {first}",
+             f"    a {s['hit_tokens']:,}-token prefix hit reads {_bytes(off['hit_disk_bytes'])} from disk per node "
+             f"dedup off, {_bytes(on['hit_disk_bytes'])} on"]
+    if off.get("largest_hicache_size_gb") is not None and s.get("available_bytes"):
+        lines.append(f"    this host ({_bytes(s['available_bytes'])} available now) admits --hicache-size up to "
+                     f"{off['largest_hicache_size_gb']:g} GB dedup off, {on['largest_hicache_size_gb']:g} GB on "
+                     "(SGLang's guard: available - 10 GiB, shared by the ranks that pin host pools)")
+    return lines
 
 
 def render(hardware, sections) -> list[str]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +22,8 @@ from .plan import PLUGIN_BACKEND, DedupPlan, Facts, decide, plan_digest
 logger = logging.getLogger("sglang_glm_ext")
 
 __all__ = ["current_plan", "DedupRun", "RUN_ATTR", "hook_mla_host_init", "hook_indexer_host_init",
-           "hook_controller_init", "hook_storage_config", "hook_d2h", "hook_h2d", "hook_load"]
+           "hook_controller_init", "hook_storage_config", "hook_d2h", "hook_h2d", "hook_load", "hook_ranks_per_host",
+           "hook_auto_size"]
 
 RUN_ATTR = "_glm_ext_host_dedup"  # on the controller and its L2TransferEngine: this process's DedupRun
 ROLE_KEY = "host_dedup"  # in the plugin backend's extra config: {"role", "source_tp_rank", "group"}
@@ -107,6 +110,47 @@ def hook_indexer_host_init(original, self, decl, anchor_host, *args, **kwargs):
     if getattr(anchor_host, "_is_dummy", False):
         kwargs["is_dummy"] = True
     return original(self, decl, anchor_host, *args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- host budget
+# Replicas of a deduplicated rank's pages on its node, while its host pools are sized and built (hook_auto_size):
+# SGLang's guard then shares the host's RAM among the ranks that pin pools (one source a group), not every rank.
+_REPLICAS: ContextVar[int] = ContextVar("glm_ext_host_dedup_replicas", default=1)
+
+
+def hook_ranks_per_host(original, *args, **kwargs):
+    """AROUND pool_host.base.ranks_per_host (what host_memory_budget_bytes divides the host's free RAM by): while a
+    deduplicated rank builds its pools, the ranks on the host that pin host pools, one per dedup group."""
+    n = original(*args, **kwargs)
+    replicas = _REPLICAS.get()
+    return max(1, n // replicas) if replicas > 1 else n
+
+
+@contextmanager
+def _pools_of_dedup_group(inner, replicas: int):
+    token = _REPLICAS.set(replicas)
+    try:
+        with inner:
+            yield
+    finally:
+        _REPLICAS.reset(token)
+
+
+def hook_auto_size(original, params, *args, **kwargs):
+    """AROUND hicache_auto_size.auto_size_hicache, the context SGLang builds every host pool in (kv_cache_builder):
+    on a deduplicated rank, its auto-size budget and every pool's guard inside count one pool holder per dedup group
+    on the host, so the source may pin the RAM its peers leave free. Peers compute the same (auto-sizing's world MIN
+    keeps their slot counts equal to the source's); they allocate nothing."""
+    inner = original(params, *args, **kwargs)
+    try:
+        plan = _device_plan(params.token_to_kv_pool_allocator.get_kvcache())
+    except Exception:  # noqa: BLE001 - no device pool to read: SGLang's own sizing
+        return inner
+    if not plan.on:
+        return inner
+    logger.info("sglang-glm-ext host_dedup: host pools sized for one pool holder per %d replicas on this host (%s)",
+                len(plan.group), "source" if plan.is_source else "peer: allocator-only")
+    return _pools_of_dedup_group(inner, len(plan.group))
 
 
 # ---------------------------------------------------------------------------------------------- controller

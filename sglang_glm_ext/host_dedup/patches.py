@@ -1,4 +1,4 @@
-"""host_dedup's patches of SGLang 0.5.23 (hooks.py): the five patch points of docs_internal/host_dedup.md, wiring
+"""host_dedup's patches of SGLang 0.5.23 (hooks.py): the patch points of docs_internal/host_dedup.md, wiring
 SGLang's own allocator-only pools and layerwise broadcaster with the plugin's L3. Each is a no-op where the
 process's plan is off (the default)."""
 
@@ -96,5 +96,28 @@ PATCHES: tuple[Patch, ...] = (
         "before the load, and every rank refuses a load it disagrees on (a load-back miss, recomputed).",
         signature=("self", "host_indices", "priority", "node_id", "extra_pools", "device_indices", "anchor_indices"),
         source_sha="feec2adf0c8317d3",
+    ),
+    patch(
+        id="host_dedup.host_budget",
+        target="sglang.srt.mem_cache.pool_host.base.ranks_per_host",
+        hook_type="around",
+        hook=_HOST + "hook_ranks_per_host",
+        reason="SGLang's host-memory guard (host_memory_budget_bytes, pool_host/base.py ~84-108) gives each rank "
+        "(free RAM - 10 GiB) // ranks on the host, peers included, so a source could not pin the RAM its "
+        "allocator-only peers leave free. While a deduplicated rank sizes and builds its pools (host_dedup.auto_size "
+        "sets the scope) it counts the ranks that pin pools: one per dedup group.",
+        signature=(),
+        source_sha="559104b5cb63ef84",
+    ),
+    patch(
+        id="host_dedup.auto_size",
+        target="sglang.srt.mem_cache.hicache_auto_size.auto_size_hicache",
+        hook_type="around",
+        hook=_HOST + "hook_auto_size",
+        reason="Every host pool is built inside this context (kv_cache_builder ~456), auto-sized or not: on a "
+        "deduplicated rank the plugin's host_budget scope is entered with it, so the auto-size budget and each "
+        "pool's guard count one pool holder per dedup group.",
+        signature=("params", "draft_plan", "enabled"),
+        source_sha="6c764e0008bb4f73",
     ),
 )

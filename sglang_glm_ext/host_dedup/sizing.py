@@ -5,9 +5,11 @@ How SGLang 0.5.23 sizes one rank's pools (``pool_host/base.py`` ``HostKVCache.__
 ``--hicache-size`` GB per rank sizes the KV pool alone, ``GB * 1e9 // KV bytes per token`` tokens rounded down to
 pages plus one padding page (the minimum over pipeline stages); without it, ``--hicache-ratio`` x the device pool's
 tokens, known only once the device pool exists. The DSA indexer pool takes the KV pool's token count and adds its
-own bytes on top. Under dedup a peer builds the same slots with no buffer and the source's pool is not enlarged: the
-node holds the same distinct tokens in 1/replicas of the host bytes, and a hit is read from disk once, not once per
-replica.
+own bytes on top. Under dedup a peer builds the same slots with no buffer: for the same ``--hicache-size`` the node
+holds the same distinct tokens in 1/replicas of the host bytes, and a hit is read from disk once, not once per
+replica. SGLang's host-memory guard gives each rank (available RAM - 10 GiB) // ranks on the host; under dedup the
+plugin counts only the ranks that pin pools (one a group), so a source may be given a ``--hicache-size`` up to the
+RAM its peers leave free (``largest_hicache_size_gb``).
 
 Geometry: GLM-5's (doctor reads no model config; the page l3_design.md's index sizing measures): 78 layers, 64-token
 pages (SGLang sets 64 for DSA), MLA KV 656 B per token per layer in fp8 (512 + 16 scale + 128 rope), 1,152 B in 16
@@ -20,9 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["Geometry", "glm5", "HIT_TOKENS", "node_sizing"]
+__all__ = ["Geometry", "glm5", "HIT_TOKENS", "RESERVE_BYTES", "node_sizing", "largest_size_gb"]
 
 HIT_TOKENS = 1000  # the prefix hit whose disk bytes doctor prints
+RESERVE_BYTES = 10 * (1 << 30)  # SGLang's HICACHE_HOST_MEMORY_RESERVE_BYTES (pool_host/base.py), kept from the guard
 
 
 @dataclass(frozen=True)
@@ -48,13 +51,24 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def largest_size_gb(available_bytes: Optional[int], holders: int, token: int, kv_token: int) -> Optional[float]:
+    """The largest ``--hicache-size`` (GB, one decimal, rounded down) whose KV and indexer pools fit one holder's share
+    of the host under SGLang's guard: (available - 10 GiB) // holders. None without a reading."""
+    if available_bytes is None or holders < 1:
+        return None
+    share = max(0, available_bytes - RESERVE_BYTES) // holders
+    return int(share * kv_token / token / 1e8) / 10
+
+
 def node_sizing(geom: Geometry, *, hicache_size_gb: float = 0, hicache_ratio: Optional[float] = None,
                 ranks_per_stage: int = 1, stages: int = 1, pp_size: int = 1, replicas: int = 1,
-                dedup_applies: bool = False, hit_tokens: int = HIT_TOKENS) -> dict:
+                dedup_applies: bool = False, hit_tokens: int = HIT_TOKENS,
+                available_bytes: Optional[int] = None) -> dict:
     """Per node: ``ranks_per_stage`` ranks of each of ``stages`` pipeline stages, in groups of ``replicas`` ranks
-    holding the same bytes. ``off``/``on``: {host_pools, host_bytes, distinct_tokens, hit_disk_bytes}; ``on``
-    equals ``off`` where dedup does not apply to this launch. Tokens and host bytes are None unless --hicache-size
-    sizes the pools (a ratio's device pool is known only at start)."""
+    holding the same bytes. ``off``/``on``: {host_pools, host_bytes, distinct_tokens, hit_disk_bytes,
+    largest_hicache_size_gb}; ``on`` equals ``off`` where dedup does not apply to this launch. Tokens and host bytes
+    are None unless --hicache-size sizes the pools (a ratio's device pool is known only at start); the largest size
+    is None without ``available_bytes`` (the host's available RAM)."""
     layers = _ceil_div(geom.layers, max(pp_size, 1))  # the stage with the most layers sets the PP-wide minimum
     kv_token = geom.kv_row * layers
     token = (geom.kv_row + geom.indexer_row) * layers
@@ -69,7 +83,8 @@ def node_sizing(geom: Geometry, *, hicache_size_gb: float = 0, hicache_ratio: Op
         pools = sets * copies * stages  # host pools on the node that hold bytes
         return {"host_pools": pools, "host_bytes": None if tokens is None else tokens * token * pools,
                 "distinct_tokens": None if tokens is None else tokens * sets,
-                "hit_disk_bytes": hit_copy * copies}
+                "hit_disk_bytes": hit_copy * copies,
+                "largest_hicache_size_gb": largest_size_gb(available_bytes, pools, token, kv_token)}
 
     return {"model": geom.name, "page_size": geom.page_size, "layers_per_rank": layers,
             "bytes_per_token": token, "kv_bytes_per_token": kv_token,
@@ -77,4 +92,5 @@ def node_sizing(geom: Geometry, *, hicache_size_gb: float = 0, hicache_ratio: Op
                          "hicache_ratio" if hicache_ratio is not None else "auto"),
             "hicache_size_gb": hicache_size_gb or None, "hicache_ratio": hicache_ratio,
             "tokens_per_pool": tokens, "ranks_on_node": ranks_per_stage * stages, "hit_tokens": hit_tokens,
+            "available_bytes": available_bytes,
             "off": row(replicas), "on": row(1 if dedup_applies else replicas)}

@@ -43,3 +43,28 @@ def test_sizing_shows_what_on_would_give_while_auto_is_off_and_nothing_where_exc
     assert spec["on"] == spec["off"]
     assert _section({}, {"tp_size": 8, "enable_hierarchical_cache": False})["sizing"] is None
     assert _section({}, {"tp_size": 8, "kv_cache_dtype": "fp4_e2m1"})["sizing"] is None
+
+
+def test_doctor_says_what_this_hosts_ram_admits_dedup_on_and_off(monkeypatch, tmp_path):
+    from sglang_glm_ext.host_dedup import doctor
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       2113929216 kB\nMemAvailable:   1953125000 kB\n")  # 2.0 TB available
+    real = doctor.available_bytes
+    monkeypatch.setattr(doctor, "available_bytes", lambda: real(str(meminfo)))
+    d = _section({"hicache_host_dedup": "on", "enable_cp_l3": True},
+                 {"tp_size": 8, "attn_cp_size": 8, "hicache_size": 40})
+    s = d["sizing"]
+    assert s["available_bytes"] == 1953125000 * 1024
+    assert s["on"]["largest_hicache_size_gb"] > 7.9 * s["off"]["largest_hicache_size_gb"] > 0
+    line = REPORTER.render({}, {"host_dedup": d})[3]
+    assert "this host (2,000.0 GB available now) admits --hicache-size up to" in line
+    assert f"{s['off']['largest_hicache_size_gb']:g} GB dedup off, {s['on']['largest_hicache_size_gb']:g} GB on" in line
+
+
+def test_meminfo_without_a_reading_leaves_the_line_out(tmp_path):
+    from sglang_glm_ext.host_dedup.doctor import available_bytes
+
+    assert available_bytes(str(tmp_path / "absent")) is None
+    (tmp_path / "m").write_text("MemTotal: 1 kB\n")
+    assert available_bytes(str(tmp_path / "m")) is None

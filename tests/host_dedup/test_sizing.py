@@ -54,3 +54,21 @@ def test_pipeline_stages_split_the_layers_and_every_stage_on_the_node_reads_its_
     assert s["layers_per_rank"] == 39 and s["ranks_on_node"] == 8
     assert s["on"]["host_pools"] == 2 and s["off"]["host_pools"] == 8
     assert s["on"]["hit_disk_bytes"] == 16 * 64 * 61_464  # two stages of half the layers: one copy of each page
+
+
+def test_the_largest_size_the_guard_admits_grows_by_the_replicas_under_dedup():
+    from sglang_glm_ext.host_dedup.sizing import RESERVE_BYTES
+
+    avail = 2000 * 10**9
+    s = node_sizing(glm5("fp8_e4m3"), hicache_size_gb=40, ranks_per_stage=8, replicas=8, dedup_applies=True,
+                    available_bytes=avail)
+    share_off, share_on = (avail - RESERVE_BYTES) // 8, avail - RESERVE_BYTES
+    per_gb = s["bytes_per_token"] / s["kv_bytes_per_token"] * 1e9  # host bytes a --hicache-size GB pins (KV + indexer)
+    for row, share in ((s["off"], share_off), (s["on"], share_on)):
+        g = row["largest_hicache_size_gb"]
+        assert g * per_gb <= share < (g + 0.1) * per_gb
+    assert 7.9 < s["on"]["largest_hicache_size_gb"] / s["off"]["largest_hicache_size_gb"] < 8.1
+    excluded = node_sizing(glm5(), hicache_size_gb=40, ranks_per_stage=8, replicas=8, dedup_applies=False,
+                           available_bytes=avail)
+    assert excluded["on"]["largest_hicache_size_gb"] == excluded["off"]["largest_hicache_size_gb"]
+    assert node_sizing(glm5(), ranks_per_stage=8, replicas=8)["on"]["largest_hicache_size_gb"] is None
