@@ -131,6 +131,13 @@ def _check_server_args(server_args: Any) -> None:
                               f"--hicache-storage-backend {named}")
     # --enable-dsa-cache-layer-split is served: each CP rank spills and reloads its own layers under a namespace
     # naming its part (hicache/parts.py, plan.py; docs_internal/l3_cp.md). The two modes below stay refused.
+    layout = getattr(server_args, "hicache_mem_layout", None) or "layer_first"
+    if getattr(server_args, "enable_dsa_cache_layer_split", False) and layout != "layer_first":
+        raise PluginFlagError(
+            f"--enable-cp-l3 with --enable-dsa-cache-layer-split needs --hicache-mem-layout layer_first, not {layout}: "
+            "SGLang 0.5.23 writes a layer-sharded DSA indexer host pool back only in layer_first (pool_host/dsa.py "
+            "_backup_from_device_per_layer: page_first needs a per-layer LF->PF kernel it lacks; direct I/O is "
+            "layer_first only), so the server would fail at its first write-back")
     if getattr(server_args, "enable_kv_cache_sharding", False):
         raise PluginFlagError(f"--enable-cp-l3 does not serve --enable-kv-cache-sharding: "
                               f"{parts.KV_SHARDING_REFUSED}")

@@ -119,8 +119,17 @@ def test_conflicting_sglang_flags_are_refused_in_plugin_words(tmp_path, argv_ext
 def test_dsa_layer_split_is_no_longer_refused_by_the_plugin(tmp_path):
     """--enable-dsa-cache-layer-split is served (each CP rank's own layers under a namespace naming its part): the
     flags translate; SGLang's own launch checks for the mode (PD prefill, DSA, interleave CP) still apply."""
-    sa = parse(l3_argv(write_config(tmp_path), "--enable-dsa-cache-layer-split"))
+    sa = parse(l3_argv(write_config(tmp_path), "--enable-dsa-cache-layer-split", "--hicache-mem-layout", "layer_first"))
     assert sa.hicache_storage_backend == "dynamic" and sa.enable_dsa_cache_layer_split
+
+
+@pytest.mark.parametrize("layout", ["page_first", "page_first_direct", "page_first_kv_split"])
+def test_dsa_layer_split_in_a_page_first_layout_is_refused_before_serving(tmp_path, layout):
+    """Seen on the H200 (docs_internal/gpu_runs_2026-12-05.md, fourth session): SGLang 0.5.23 raises at the first
+    write-back of a layer-sharded DSA indexer in page_first ("needs a per-layer LF->PF kernel"), its default layout;
+    refused at launch."""
+    with pytest.raises(SystemExit, match=f"needs --hicache-mem-layout layer_first, not {layout}: .*LF->PF"):
+        parse(l3_argv(write_config(tmp_path), "--enable-dsa-cache-layer-split", "--hicache-mem-layout", layout))
 
 
 def test_without_hierarchical_cache_is_refused(tmp_path):
