@@ -92,6 +92,11 @@ def test_one_host_copy_and_one_disk_read_per_node_with_every_rank_byte_exact(zyg
         assert proc_on <= 1.1 * proc_off / world
     # the peers got their KV from the source's broadcast, layer by layer
     assert all(g["counters"]["broadcast_layers"] >= 2 * 2 for g in on)
+    # the source wrote every page once, each into its owner's store (every rank's slabs and disk share, as off)
+    stores = on[0]["writer_stores"]
+    assert sorted(stores) == [str(r) for r in range(world)] and all(g["writer_stores"] is None for g in on[1:])
+    spilled = [s["spilled"] for s in stores.values()]  # 2 rounds x 8 pages x 2 kinds (KV, DSA indexer); fixed keys
+    assert sum(spilled) == 2 * 8 * 2 and all(n > 0 for n in spilled), stores
 
 
 def test_a_peer_whose_load_plan_differs_and_a_corrupt_page_are_misses_on_every_rank(zygote, tmp_path):

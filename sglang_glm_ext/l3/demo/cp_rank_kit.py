@@ -45,21 +45,28 @@ def flush_all(st, group):
     dist.barrier(group=group)
 
 
-def rot_page(be, keys, i: int) -> None:
-    """Page ``i`` of ``keys`` rots on this rank's disk (256 random bytes inside its payload), and the page cache is
-    dropped so the next read meets the disk's bytes."""
+def rot_page(be, keys, i: int) -> bool:
+    """Page ``i`` of ``keys`` rots on disk (256 random bytes inside its payload) where this process wrote it (its own
+    store, or under host dedup the source's store of another rank), and the page cache is dropped so the next read
+    meets the disk's bytes. False (nothing done) where another process holds the store the page is in."""
     import os
 
     from ..hicache.keys import storage_key
 
-    slab = be.store.slab("target_kv")
-    _, _, slot = be.store.locate(be.plan.kv.kind, storage_key(keys[i]))
+    stores = {st.rank: st for st in be.stores}
+    if not stores:
+        return False
+    rank, disk, slot = next(iter(stores.values())).locate(be.plan.kv.kind, storage_key(keys[i]))
+    if rank not in stores:
+        return False
+    slab = stores[rank].slab("target_kv", disk=disk)
     with open(slab.path, "r+b") as f:
         f.seek(slot * slab.slot_bytes + 2048)
         f.write(os.urandom(256))
     fd = os.open(slab.path, os.O_RDONLY)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     os.close(fd)
+    return True
 
 
 def write_result(path: str, out: dict, status: int):

@@ -27,7 +27,8 @@ Under context parallelism (``docs_internal/l3_cp.md``) replicated (MLA/DSA) page
 with the plugin's ``l3.cp_storage_writers`` patch, each page is written by one owner among its node's replicas
 (``cp_writers.WriterPlan``); under DSA cache layer split each CP rank's part has a namespace of its own and the rank
 writes it itself (``parts.LayerPart``). Under host dedup (the ``host_dedup`` feature puts the rank's role in the extra
-config) the node's source writes every page (``WriterPlan.sole``) and a peer, whose pools are allocator-only,
+config) the node's source writes every page, each into its owner's store (every writer's slabs and disks, as without
+dedup: ``_open_writer_stores``), and a peer, whose pools are allocator-only,
 attaches with no store: it reads and writes nothing and the controller's MINs give it the source's counts
 (``docs_internal/host_dedup.md``). :meth:`get_stats` hands SGLang its ``StorageMetrics`` by swapping bounded
 sample lists.
@@ -54,7 +55,6 @@ from sglang.srt.mem_cache.hicache_storage import (
 from ..config import L3Config, L3ConfigError
 from ..errors import L3StoreError
 from . import extra_config, metrics, sglang_pools
-from .cp_writers import WriterPlan
 from .datapath import BackendCounters, DataPath, Samples
 from .extra_config import AttachError
 from .plan import KV, POOL_KINDS, SIDECAR_POOLS, AttachPlan, plan_attach, plan_late_pool
@@ -137,6 +137,7 @@ class L3HiCacheStorage(HiCacheStorage):
         self._samples = Samples()
         self._path: DataPath | None = None  # the run: set last at attach, cleared first at close
         self._store = None  # this attach's reference on the process's shared store
+        self._writer_stores: dict = {}  # writer index -> store this process writes (a dedup source: every writer's)
         self._metrics = None  # the L3 metrics registration, when --enable-metrics
         self._closed = False
         self._last_log = 0.0
@@ -174,19 +175,20 @@ class L3HiCacheStorage(HiCacheStorage):
                                topology=lambda: sglang_pools.topology(sc),
                                kv_dtype=lambda: sglang_pools.kv_dtype(sc, self.pools),
                                layer_part=lambda: sglang_pools.layer_part(sc, self.pools))
-            if dedup.get("role") == "source":  # the node's one copy: this rank writes every page
-                plan = dataclasses.replace(plan, writers=WriterPlan.sole(plan.topology.tp_rank))
             from ..engine.store import L3Store
 
             store = L3Store.open(self.config, rank=plan.rank, namespace=plan.namespace.to_namespace(),
                                  page_bytes=plan.page_bytes())
+            stores = {plan.writers.me: store} if plan.writers.me >= 0 else {}
+            if dedup.get("role") == "source":  # the node's one copy: every writer's share, into its own store
+                stores = self._open_writer_stores(plan, store)
         except (AttachError, LayoutRefused, L3ConfigError) as exc:
             raise AttachError(f"sglang-glm-ext L3 backend cannot attach: {exc}") from exc
         except Exception as exc:  # L3StoreError (paths, locks, PLP, budget) and anything unexpected: loud
             raise AttachError(f"sglang-glm-ext L3 backend cannot attach: {type(exc).__name__}: {exc}") from exc
-        self.plan, self._store = plan, store
+        self.plan, self._store, self._writer_stores = plan, store, stores
         self._path = DataPath(store, plan.writers, self.c, self._samples, wait=self.config.wait_ms / 1000.0,
-                              durable=self.config.ack == "durable")
+                              durable=self.config.ack == "durable", stores=stores)
         self._metrics = metrics.attach(self)
         st = store.stats()
         logger.info("sglang-glm-ext L3 backend attached: rank %d (cp %d/%d, writes %s of %d writer(s)), pools %s, "
@@ -196,6 +198,28 @@ class L3HiCacheStorage(HiCacheStorage):
                     {n: f"{r.plan.fmt.layout}/{r.page_bytes}B" for n, r in plan.pools.items()},
                     plan.namespace.sealed_digest().hex(), plan.namespace.shard.tag(), st["cold_start"],
                     st["cold_start_loaded_pages"], store.shared.refs)
+
+    def _open_writer_stores(self, plan, store) -> dict:
+        """A host-dedup source writes for its node's writers (``writers.mode``: every replica under ``spread``, the
+        first under ``one_per_node``): each writer's share goes into that writer's own store (its rank's slabs and
+        disks, budget and owner lock; its peers open none), so L3 keeps the capacity and drives of every rank, and
+        turning dedup on or off later leaves every page where a rank's own store finds it."""
+        from ..engine.store import L3Store
+
+        if plan.writers.me < 0:
+            raise AttachError(f"host-dedup source TP rank {plan.topology.tp_rank} is not a writer of its node "
+                              f"({list(plan.writers.writers)})")
+        stores = {plan.writers.me: store}
+        try:
+            for i, tp in enumerate(plan.writers.writers):
+                if i not in stores:
+                    stores[i] = L3Store.open(self.config, rank=plan.topology.local_rank_of(tp),
+                                             namespace=plan.namespace.to_namespace(), page_bytes=plan.page_bytes())
+        except BaseException:
+            for other in stores.values():
+                other.close()
+            raise
+        return stores
 
     def _attach_peer(self, dedup: dict) -> None:
         """A host-dedup peer: every registered pool must be allocator-only (what it would claim loaded, it must not
@@ -214,7 +238,8 @@ class L3HiCacheStorage(HiCacheStorage):
         then a new plan that holds it (the data path sees the pool only once everything it needs is in place)."""
         try:
             record = plan_late_pool(self.config, name, pool, self.pools[KV])
-            self._store.add_kind(record.kind, record.page_bytes)
+            for st in {id(x): x for x in (self._store, *self._writer_stores.values())}.values():
+                st.add_kind(record.kind, record.page_bytes)
         except (AttachError, LayoutRefused, L3ConfigError, L3StoreError) as exc:
             raise AttachError(f"sglang-glm-ext L3 backend cannot serve host pool {name!r} registered after the "
                               f"store opened: {exc}") from exc
@@ -306,7 +331,8 @@ class L3HiCacheStorage(HiCacheStorage):
     def clear(self) -> bool:
         """SGLang's clear_storage_backend / flush_cache: drop this rank's pages (every attacher of this store
         shares them, as they share the disk)."""
-        return self._run(0, lambda n: False, lambda p, plan: bool(p.store.clear()))
+        return self._run(0, lambda n: False,
+                         lambda p, plan: all([bool(st.clear()) for st in self._own_stores()]))
 
     def close(self) -> None:
         """Detach / shutdown: close this attach's handle; the last handle of the process's store flushes and
@@ -317,12 +343,17 @@ class L3HiCacheStorage(HiCacheStorage):
         self._path = None
         metrics.detach(self._metrics)  # its final push reads the store: before the handle closes
         self._metrics = None
-        store, self._store = self._store, None
-        if store is not None:
+        stores = self._own_stores()
+        self._store, self._writer_stores = None, {}
+        for store in stores:
             try:
                 store.close()
             except Exception:  # noqa: BLE001 - shutdown goes on; the store logged what failed
                 logger.exception("sglang-glm-ext L3: closing the store failed")
+
+    def _own_stores(self) -> list:
+        """This attach's store, then the other writers' stores a host-dedup source opened, each once."""
+        return list({id(x): x for x in (self._store, *self._writer_stores.values()) if x is not None}.values())
 
     def get_stats(self):
         """SGLang's StorageMetrics since the last call (scheduler thread, every tick) in O(1): swaps in fresh sample
@@ -342,6 +373,11 @@ class L3HiCacheStorage(HiCacheStorage):
     def store(self):
         """This attach's L3Store handle (None before the attach and after close)."""
         return self._store
+
+    @property
+    def stores(self) -> tuple:
+        """Every store this attach writes: its own, then (a host-dedup source) the other writers' it opened."""
+        return tuple(self._own_stores())
 
     @property
     def rank(self) -> int | None:
@@ -367,6 +403,9 @@ class L3HiCacheStorage(HiCacheStorage):
         dedup = (self.storage_config.extra_config or {}).get(DEDUP_KEY)
         if dedup:
             out["host_dedup"] = dict(dedup)
+            if len(self._own_stores()) > 1:  # a source's writes into the other writers' stores
+                out["host_dedup"]["writer_stores"] = {st.rank: {k: st.stats()[k] for k in ("spilled", "spill_accepted")}
+                                                      for st in self._own_stores()}
         if plan is not None:
             w = plan.writers
             out["writers"] = {"mode": w.mode, "tp_ranks": list(w.writers), "me": w.me}

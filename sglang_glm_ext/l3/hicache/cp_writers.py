@@ -143,12 +143,6 @@ class WriterPlan:
         writers = on_node if mode == "spread" else on_node[:1]
         return cls(mode, writers, writers.index(topo.tp_rank) if topo.tp_rank in writers else -1)
 
-    @classmethod
-    def sole(cls, tp_rank: int) -> "WriterPlan":
-        """Host dedup's source (``host_dedup``): the one rank of its node's group holding the bytes writes every
-        page; its peers hold nothing and never write."""
-        return cls("dedup_source", (tp_rank,), 0)
-
     @property
     def writes_everything(self) -> bool:
         return len(self.writers) == 1 and self.me == 0
@@ -161,6 +155,16 @@ class WriterPlan:
             return [False] * len(keys)
         n, me = len(self.writers), self.me
         return [owner_index(k, n) == me for k in keys]
+
+    def owner_indices(self, keys: list[bytes]) -> list[int]:
+        """For each 32-byte storage key: its owner's index into :attr:`writers` (-1 for every key where this plan
+        has no writer)."""
+        n = len(self.writers)
+        if n == 1:
+            return [0] * len(keys)
+        if n == 0:
+            return [-1] * len(keys)
+        return [owner_index(k, n) for k in keys]
 
     def owner_of(self, key: bytes) -> int:
         """The TP rank that writes ``key``."""

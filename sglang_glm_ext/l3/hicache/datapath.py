@@ -79,12 +79,18 @@ def indices_np(host_indices) -> np.ndarray:
 
 class DataPath:
     """One attach's data path: its store handle, its writer plan and what SGLang's ``batch_set`` waits for
-    (staging room up to ``wait`` s; with ``durable`` the pages' durability too)."""
+    (staging room up to ``wait`` s; with ``durable`` the pages' durability too).
+
+    ``stores``: the store each writer this process writes for (writer index -> store); by default this rank's own.
+    A host-dedup source holds the only copy of its node's pages, so it writes every writer's share into that
+    writer's store (its slabs, its disks), keeping the node's L3 spread over every rank's disks as without dedup;
+    reads and lookups go through this rank's store, which reads any rank's slab the shared index names."""
 
     def __init__(self, store, writers: WriterPlan, counters: BackendCounters, samples: Samples, *, wait: float,
-                 durable: bool):
+                 durable: bool, stores: "Mapping[int, Any] | None" = None):
         self.store = store
         self.writers = writers
+        self.stores = dict(stores) if stores else ({writers.me: store} if writers.me >= 0 else {})
         self.c = counters
         self.samples = samples
         self.wait = wait
@@ -98,10 +104,9 @@ class DataPath:
             return [False] * n
         raw = storage_keys(keys)
 
-        def write(mine: list[int]) -> list[bool]:
-            return self.store.spill_from_layout(rec.kind, pool_keys([raw[i] for i in mine], rec.tag),
-                                                rec.plan.layout, [pages[i] for i in mine], wait=self.wait,
-                                                durable=self.durable)
+        def write(store, mine: list[int]) -> list[bool]:
+            return store.spill_from_layout(rec.kind, pool_keys([raw[i] for i in mine], rec.tag), rec.plan.layout,
+                                           [pages[i] for i in mine], wait=self.wait, durable=self.durable)
 
         return self._spill_owned(rec, raw, write)
 
@@ -176,7 +181,7 @@ class DataPath:
         if any(p is None for p in pages):
             self.c.bad_indices += len(keys)
             return False
-        return all(self._spill_owned(rec, storage_keys(keys), lambda mine: self.store.spill(
+        return all(self._spill_owned(rec, storage_keys(keys), lambda store, mine: store.spill(
             rec.kind, [storage_key(keys[i]) for i in mine], [pages[i] for i in mine], wait=self.wait,
             durable=self.durable)))
 
@@ -187,24 +192,29 @@ class DataPath:
             self.c.bad_indices += n
         return pages
 
-    def _spill_owned(self, rec: PoolRecord, raw: list, write: Callable[[list[int]], list[bool]]) -> list[bool]:
-        """Write the pages this rank owns (``write`` takes their positions); acknowledge the others as their owner's,
-        and with ``ack = "durable"`` only once the owner committed them (the shared index)."""
+    def _spill_owned(self, rec: PoolRecord, raw: list, write: Callable[[Any, list[int]], list[bool]]) -> list[bool]:
+        """Write the pages this process writes (``write`` takes a store and their positions), each into its writer's
+        store; acknowledge the others as their owner's, and with ``ack = "durable"`` only once the owner committed
+        them (the shared index)."""
         n = len(raw)
         if not n:
             return []
-        own = None if self.writers.writes_everything else self.writers.owned(raw)
-        mine = list(range(n)) if own is None else [i for i in range(n) if own[i]]
-        others = [] if own is None else [i for i in range(n) if not own[i]]
+        owners = self.writers.owner_indices(raw)
+        by_store: dict[int, list[int]] = {}
+        others = []
+        for i, o in enumerate(owners):
+            (by_store.setdefault(o, []) if o in self.stores else others).append(i)
         self.c.set_not_owned += len(others)
         out = [True] * n
         t0 = time.perf_counter()
-        if mine:
-            ok = write(mine)
-            accepted = sum(ok)
-            self.samples.add("backup", accepted, accepted * rec.page_bytes, time.perf_counter() - t0)
+        accepted = 0
+        for o, mine in by_store.items():
+            ok = write(self.stores[o], mine)
+            accepted += sum(ok)
             for i, hit in zip(mine, ok):
                 out[i] = bool(hit)
+        if by_store:
+            self.samples.add("backup", accepted, accepted * rec.page_bytes, time.perf_counter() - t0)
         if others and self.durable:
             left = max(0.0, self.wait - (time.perf_counter() - t0))
             got = self.store.wait_durable(rec.kind, pool_keys([raw[i] for i in others], rec.tag), left)

@@ -115,8 +115,11 @@ def test_unknown_writer_mode_is_refused():
         WriterPlan.build(Topology(0, 1), "everyone")
 
 
-def test_a_host_dedup_source_writes_every_page_alone():
-    w = WriterPlan.sole(8)
+def test_owner_indices_name_each_keys_writer_as_owned_and_owner_of_do():
     keys = [hashlib.sha256(bytes([i])).digest() for i in range(64)]
-    assert w.writers == (8,) and w.me == 0 and w.writes_everything
-    assert w.owned(keys) == [True] * 64 and {w.owner_of(k) for k in keys} == {8}
+    spread = WriterPlan("spread", (4, 5, 6, 7), 1)
+    idx = spread.owner_indices(keys)
+    assert set(idx) == {0, 1, 2, 3}
+    assert [i == 1 for i in idx] == spread.owned(keys)
+    assert [spread.writers[i] for i in idx] == [spread.owner_of(k) for k in keys]
+    assert WriterPlan("one_per_node", (4,), -1).owner_indices(keys) == [0] * 64  # one writer, not this rank

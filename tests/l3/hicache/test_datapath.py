@@ -311,6 +311,34 @@ def test_under_durable_acks_a_page_another_replica_owns_is_true_only_once_its_ow
     assert store.stats()["spill_accepted"] == 1  # written once, by its owner
 
 
+def test_a_dedup_source_writes_each_page_into_its_owners_store_and_reads_any_of_them(tmp_path):
+    """A host-dedup source writes for every writer of its node: each page into its owner's store (that rank's slab,
+    disk and budget), none acknowledged as another's; its own store reads them all (one index per node)."""
+    cfg = l3kit.config(tmp_path, budget=2**22, ranks={"count": 2},
+                       disks=[{"path": str(tmp_path / "d0"), "budget": 2**21},
+                              {"path": str(tmp_path / "d1"), "budget": 2**21}])
+    assert cfg.disks_for_rank(0) == (0,) and cfg.disks_for_rank(1) == (1,)
+    own = L3Store.open(cfg, rank=0, namespace=NS, page_bytes={KV: PB})
+    other = L3Store.open(cfg, rank=1, namespace=NS, page_bytes={KV: PB})
+    try:
+        host = Host("page_first", seed=21)
+        dp = DataPath(own, TWO[0], BackendCounters(), Samples(), wait=0.0, durable=False, stores={0: own, 1: other})
+        keys = [hexkey(0x02, 1), hexkey(0x03, 2), hexkey(0x04, 3), hexkey(0x05, 4)]  # writers 0, 1, 0, 1
+        assert dp.spill(host.rec, keys, tokens([0, 1, 2, 3])) == [True] * 4
+        assert dp.c.set_not_owned == 0
+        assert own.flush(30) and other.flush(30)
+        assert [own.locate(KV, storage_key(k))[:2] for k in keys] == [(0, 0), (1, 1), (0, 0), (1, 1)]  # (rank, disk)
+        assert own.stats()["spill_accepted"] == 2 and other.stats()["spill_accepted"] == 2
+        assert dp.samples.take()["backup_pgs"] == [4]
+        want = [host.page(p) for p in range(4)]
+        host.zero()
+        assert dp.reload(host.rec, keys, tokens([0, 1, 2, 3])) == [True] * 4
+        assert [host.page(p) for p in range(4)] == want
+    finally:
+        other.close()
+        own.close()
+
+
 # ------------------------------------------------------------------------------------------------ samples
 def test_spill_and_reload_each_leave_one_sample_of_what_they_moved(store):
     host = Host("page_first", seed=14)
