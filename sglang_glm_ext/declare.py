@@ -56,6 +56,7 @@ class Flag:
     env: EnvVar | None = None  # a bool flag's env var: set to 1, it turns the flag on without the flag
     switch: bool = False  # True: this flag switches its feature on
     choices: tuple[str, ...] = ()  # a choice flag's values (its default None: left to the feature to resolve)
+    switch_on: tuple[str, ...] = ()  # a choice flag's values that switch its feature on (`switch` for a choice)
 
     @property
     def metavar(self) -> str:
@@ -65,6 +66,18 @@ class Flag:
     @property
     def cli(self) -> str:
         return "--" + self.name.replace("_", "-")
+
+    @property
+    def switches(self) -> bool:
+        """Whether some value of this flag switches its feature on."""
+        return self.switch or bool(self.switch_on)
+
+    def switches_on(self, values: Mapping[str, Any]) -> bool:
+        """Whether this flag's value in `values` switches its feature on."""
+        value = self.value_in(values)
+        if self.switch_on:
+            return value is not None and str(value).strip().lower() in self.switch_on
+        return self.switch and bool(value)
 
     def value_in(self, values: Mapping[str, Any]) -> Any:
         """This flag's value in `values` (its default when absent), turned on by its env var if that is set."""
@@ -101,7 +114,7 @@ class Feature:
     def switched_on(self, values: Mapping[str, Any], server_args: Any = None) -> bool:
         """Whether these plugin flag values (env vars folded in here), or SGLang's own arguments `server_args`
         when given (None: they are not asked), switch this feature on."""
-        if self.always_on or any(bool(f.value_in(values)) for f in self.flags if f.switch):
+        if self.always_on or any(f.switches_on(values) for f in self.flags):
             return True
         return self.active_when is not None and server_args is not None and bool(self.active_when(server_args))
 

@@ -11,7 +11,7 @@ HICACHE_HOST_DEDUP = Flag(
     "hicache_host_dedup",
     "One host copy of replicated MLA/DSA KV per node: auto, on or off (unset: auto, which stays off until a "
     "multi-GPU benchmark decides; docs_internal/host_dedup.md). `doctor` says which pools run deduplicated.",
-    "choice", None, choices=MODES)
+    "choice", None, choices=MODES, switch_on=("on",))
 
 
 def validate(values: Mapping[str, Any]) -> None:

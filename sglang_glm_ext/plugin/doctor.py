@@ -349,7 +349,7 @@ def _feature_rows(values: dict[str, Any], launch: dict[str, Any], gpu_list: list
         if not node and f.needs_cuda_gpu and not gpu_list:
             node = "needs a CUDA GPU; none is visible on this node"
             if active:
-                switch = " / ".join(fl.cli for fl in f.flags if fl.switch) or f.name
+                switch = " / ".join(fl.cli for fl in f.flags if fl.switches) or f.name
                 problems.add(f"feature {f.name} is switched on but {node}", "plugin",
                              f"run this launch on a GPU node, or leave out {switch}")
         why = "; ".join(w for w in (why, node) if w)

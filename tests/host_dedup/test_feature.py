@@ -30,3 +30,11 @@ def test_the_cli_offers_the_choices_and_refuses_another_before_serving(capsys):
     assert exited.value.code == 2 and "invalid choice: 'maybe'" in capsys.readouterr().err
     with pytest.raises(PluginFlagError, match="--hicache-host-dedup maybe: expected one of auto, on, off"):
         flags.validate({"hicache_host_dedup": "maybe"})
+
+
+def test_on_and_only_on_switches_the_feature_on_for_doctor_and_the_launch_check():
+    from sglang_glm_ext.host_dedup.feature import FEATURE
+
+    assert FEATURE.switched_on({"hicache_host_dedup": "on"}) and FEATURE.switched_on({"hicache_host_dedup": " ON "})
+    for value in (None, "auto", "off"):
+        assert not FEATURE.switched_on({"hicache_host_dedup": value} if value else {})
