@@ -379,6 +379,13 @@ class L3HiCacheStorage(HiCacheStorage):
         """Every store this attach writes: its own, then (a host-dedup source) the other writers' it opened."""
         return tuple(self._own_stores())
 
+    def other_writer_stores(self) -> list:
+        """(writer TP rank, store) of each store a host-dedup source writes besides its own (metrics export them)."""
+        if self.plan is None:
+            return []
+        return [(self.plan.writers.writers[i], st) for i, st in sorted(self._writer_stores.items())
+                if st is not self._store]
+
     @property
     def rank(self) -> int | None:
         return None if self.plan is None else self.plan.rank

@@ -519,11 +519,34 @@ def attach(backend) -> "Registration | None":
         store = backend.store
         labels = metric_labels(backend.storage_config, l3_rank=backend.rank, deployment=backend.config.deployment_id,
                                cp_rank=getattr(backend, "cp_rank", None), cp_size=getattr(backend, "cp_size", None))
-        return register(backend, labels, store.stats, store.shared,
-                                   backend_stats=backend.c.as_dict)
+        own = register(backend, labels, store.stats, store.shared, backend_stats=backend.c.as_dict)
+        # A host-dedup source writes other ranks' stores too: each is exported under its own rank's labels (that
+        # rank's process, a peer, exports no L3 series), so the node's series count every page once.
+        others = [register(st, {**labels, "tp_rank": tp, "l3_rank": st.rank}, st.stats, st.shared)
+                  for tp, st in getattr(backend, "other_writer_stores", lambda: ())()]
+        return own if not others or own is None else _Registrations([own, *[r for r in others if r is not None]])
     except Exception:  # noqa: BLE001
         log.exception("sglang-glm-ext L3: metrics registration failed; serving goes on without L3 metrics")
         return None
+
+
+class _Registrations:
+    """The registrations of one attach that writes several stores (a host-dedup source): the first is its own."""
+
+    def __init__(self, regs: list):
+        self.regs = regs
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.regs[0].labels
+
+    def push(self) -> None:
+        for r in self.regs:
+            r.push()
+
+    def close(self) -> None:
+        for r in self.regs:
+            r.close()
 
 
 def detach(registration) -> None:

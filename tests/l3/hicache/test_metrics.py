@@ -201,3 +201,23 @@ def test_no_prometheus_import_at_module_import():
 @pytest.mark.parametrize("stats", [{}, {"slots": None}, {"slots": {"target_kv": {}}}])
 def test_missing_keys_are_no_samples_not_errors(stats):
     assert metrics.store_samples(stats) == []
+
+
+def test_a_dedup_source_exports_each_store_it_writes_under_that_ranks_labels():
+    from types import SimpleNamespace
+
+    own, other = _FakeStore(), _FakeStore()
+    own.rank, other.rank = 0, 1
+    own.shared, other.shared = own, other
+    sc = SimpleNamespace(enable_storage_metrics=True, tp_rank=80, attn_cp_rank=0, attn_cp_size=2)
+    backend = SimpleNamespace(storage_config=sc, store=own, rank=0, config=SimpleNamespace(deployment_id="unit"),
+                              cp_rank=0, cp_size=2, c=SimpleNamespace(as_dict=lambda: {"errors": 0}),
+                              other_writer_stores=lambda: [(81, other)])
+    reg = metrics.attach(backend)
+    own.st["spilled"], other.st["spilled"] = 3, 5
+    reg.push()
+    spill = "sglang:cp_l3_spill_pages_total"
+    assert reg.labels["tp_rank"] == "80" and reg.labels["l3_rank"] == "0"
+    assert _value(spill, **reg.labels) == 3
+    assert _value(spill, **{**reg.labels, "tp_rank": "81", "l3_rank": "1"}) == 5
+    reg.close()
