@@ -37,11 +37,10 @@ def page_keys(tokens):
 
 
 def flush_all(st, group):
-    """Every rank's store durable (a host-dedup peer has none), then a barrier."""
+    """Every store this rank writes durable (a host-dedup source: every writer's; a peer has none), then a barrier."""
     import torch.distributed as dist
 
-    store = st.backend.store
-    assert store is None or store.flush(60), "store flush timed out"
+    assert all(store.flush(60) for store in st.backend.stores), "store flush timed out"
     dist.barrier(group=group)
 
 

@@ -50,13 +50,14 @@ def _l3_read_bytes(st) -> int:
     return 0 if store is None else int(store.stats()["reload_bytes"])
 
 
-def _stack(plan, rank, group):
+def _stack(plan, rank, group, extra: dict | None = None):
+    """This rank's stack; ``extra``: more keys of SGLang's storage extra config (e.g. ``prefetch_timeout_base``)."""
     from . import stack
 
     n = plan["world"]
     spec = stack.StackSpec(layers=plan.get("layers", 2), device_pages=plan.get("device_pages", 32))
     sa = stack.publish_server_args(
-        spec, storage_backend=None, extra_config='{"prefetch_threshold": 64}',
+        spec, storage_backend=None, extra_config=json.dumps({"prefetch_threshold": 64, **(extra or {})}),
         plugin_values={"enable_cp_l3": True, "cp_l3_config": plan["config"], "hicache_host_dedup": plan["dedup"]},
         parallel={"tp_rank": rank, "tp_size": n, "attn_cp_size": n, "attn_tp_size": 1, "moe_tp_size": n})
     st = stack.DsaStack.build(spec, sa, groups={"tp_cache_group": group, "attn_cp_cache_group": group})
@@ -126,8 +127,7 @@ def scenario_dedup(plan, rank, group, out):
         want2 = st.snapshot_device(slots)
         st.write_back_storage(t2)
         flush_all(st, group)
-        if rank == 0:
-            rot_page(be, page_keys(t2), bad)
+        rot_page(be, page_keys(t2), bad)  # by the rank whose store holds it (under dedup: the source)
         dist.barrier(group=group)
         drop_l2(st, t2)
         n = out["loaded_corrupt"] = st.prefetch(t2, "corrupt")
@@ -136,6 +136,7 @@ def scenario_dedup(plan, rank, group, out):
                                                          for w in want2])
         if run is not None:
             out["counters"] = dict(run.counters)
+            out["writer_stores"] = (be.l3_stats().get("host_dedup") or {}).get("writer_stores")
         dist.barrier(group=group)
     finally:
         st.close()
@@ -144,7 +145,8 @@ def scenario_dedup(plan, rank, group, out):
 SCENARIOS = {"dedup": scenario_dedup}
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], scenarios: dict | None = None) -> int:
+    """One rank: ``scenarios`` (default :data:`SCENARIOS`) maps ``plan["scenario"]`` to its function."""
     plan = json.load(open(argv[0]))
     rank = int(argv[1])
     out: dict = {"rank": rank}
@@ -162,7 +164,7 @@ def main(argv: list[str]) -> int:
         dist.init_process_group("gloo", init_method=f"file://{plan['init_file']}", rank=rank,
                                 world_size=plan["world"])
         group = dist.new_group(list(range(plan["world"])), backend="gloo")
-        SCENARIOS[plan.get("scenario", "dedup")](plan, rank, group, out)
+        (scenarios or SCENARIOS)[plan.get("scenario", "dedup")](plan, rank, group, out)
         status = 0
     except BaseException as exc:  # noqa: BLE001 - the test reads the reason
         out["error"] = f"{type(exc).__name__}: {exc}"
