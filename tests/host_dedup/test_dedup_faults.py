@@ -4,34 +4,16 @@ per rank forked from a zygote as tests/host_dedup/test_dedup_ranks.py does). Eac
 rank and no hang (every run is bounded; a rank past its bound fails the test)."""
 
 import json
-import os
 import signal
 import time
 
 import pytest
 
-from rank_zygote import Zygote
-
-REPO = str(__import__("pathlib").Path(__file__).resolve().parents[2])
 PS, PAGES = 64, 8
 RUN_TIMEOUT = 300  # s per multi-process run on a loaded 2-core machine (a hang guard, not a speed target)
 MODULE = "sglang_glm_ext.l3.demo.dedup_faults"
 
 pytestmark = pytest.mark.slow
-
-PRELOAD = ["torch", "torch.distributed", "sglang.srt.server_args", "sglang.srt.runtime_context",
-           "sglang.srt.plugins", "sglang.srt.mem_cache.unified_radix_cache", "sglang.srt.mem_cache.memory_pool",
-           "sglang.srt.mem_cache.allocator.paged", "sglang.srt.mem_cache.cache_init_params",
-           "sglang.srt.mem_cache.hicache_storage", "sglang.srt.mem_cache.utils", "sglang.srt.mem_cache.mla_host_dedup",
-           "sglang_glm_ext", "sglang_glm_ext.l3.demo.stack", "sglang_glm_ext.l3.demo.cpu_standins",
-           "sglang_glm_ext.l3.hicache.backend"]
-
-
-@pytest.fixture(scope="module")
-def zygote():
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    with Zygote(PRELOAD, env=env, cwd=REPO) as z:
-        yield z
 
 
 def _config(d, name="l3.toml", **keys):
