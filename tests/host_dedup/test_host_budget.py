@@ -12,6 +12,7 @@ import pytest
 
 from sglang_glm_ext.host_dedup import hooks
 from sglang_glm_ext.host_dedup.plan import Facts, decide
+from sglang_glm_ext.patching.ledger import resolve_original
 
 GiB = 1 << 30
 FREE = 200 * GiB
@@ -28,7 +29,9 @@ def node8(monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(base, "get_parallel", lambda: SimpleNamespace(launch_world_size=8, nnodes=1))
     monkeypatch.setattr(base, "available_host_memory_bytes", lambda **kw: FREE)
-    monkeypatch.setattr(base, "ranks_per_host", functools.partial(hooks.hook_ranks_per_host, base.ranks_per_host))
+    # SGLang's own function, also where the plugin registered in this process and its hook already wraps it
+    original = resolve_original("sglang.srt.mem_cache.pool_host.base.ranks_per_host")
+    monkeypatch.setattr(base, "ranks_per_host", functools.partial(hooks.hook_ranks_per_host, original))
     return base
 
 
