@@ -77,7 +77,9 @@ def _round(st, group, t, seed, out, tag):
     flush_all(st, group)
     drop_l2(st, t)
     io0, l3_0 = _io(), _l3_read_bytes(st)
+    t0 = time.perf_counter()
     out[f"loaded_{tag}"] = st.prefetch(t, tag)
+    out[f"prefetch_s_{tag}"] = time.perf_counter() - t0
     io1 = _io()
     out[f"l3_read_bytes_{tag}"] = _l3_read_bytes(st) - l3_0
     out[f"proc_read_bytes_{tag}"] = io1["read_bytes"] - io0["read_bytes"]
