@@ -4,7 +4,10 @@
   (a) HiCache without a storage tier, (b) HiCache + SGLang's own `file` backend, (c) HiCache + the plugin's L3.
 
 Per side, after the restart: storage-hit tokens, prefill tokens computed (prompt tokens minus every cached tier),
-TTFT median and p90, printed as ratios to (a), all measured in one run, side by side. The model is a tiny GLM-5
+TTFT median and p90 and the first request's TTFT, printed as ratios to (a), all measured in one run, side by side;
+then, on the same server, the storage replay: each request after SGLang's /flush_cache (device and host tiers) with the
+storage page cache dropped, so that every request's prefix comes from storage or is computed again (in the replay
+before it, only the first request needs the shared prefix from below the device tier). The model is a tiny GLM-5
 (`sglang-glm-ext tiny-model`, dummy weights) sized so that a cold prefill of the shared prefix costs at least 10x the
 TTFT of a one-token prompt (measured first and printed; below 10x the run says so): with hidden 64 a disk read
 costs about as much as recomputing, and no tier could show.
@@ -87,6 +90,32 @@ def _measure(srv: served.Server, args, reqs) -> list:
     return replies
 
 
+def _flush_when_idle(url: str, timeout: float = 30.0) -> None:
+    """SGLang's /flush_cache (device and host tiers; a storage tier keeps its pages), retried while the scheduler
+    still holds the last request's tail (it refuses a flush then)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return run._flush(url)
+        except OSError:  # HTTPError is one: "Cache not flushed because there are pending requests"
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def storage_replay(srv: served.Server, reqs, dirs) -> list:
+    """Every request again, each after a flush of the device and host tiers and with the storage directories' page
+    cache dropped: each prefix now comes from the storage tier or is computed again. After the restart replay only
+    the first request needs a tier below the device (the others find the shared prefix on it in every side), so this
+    is where the storage tier's TTFT shows in the median and not in one request."""
+    replies = []
+    for m in reqs:
+        _flush_when_idle(srv.url)
+        drop_page_cache(*dirs)
+        replies.append(served.chat(srv.url, m, timeout=600))
+    return replies
+
+
 def _group(servers: dict, work, log) -> dict:
     """Start every server of ``servers`` ({name: Server}) at once (threads, a few seconds apart), then run
     ``work(name, server)`` on each in turn, the others idle, then stop them all. On a GPU the starts (a minute each,
@@ -131,6 +160,10 @@ def sides(model: str, work: str, plan: dict, reqs, log, profile=run.CPU, togethe
     def measure(name, srv):
         return _measure(srv, plan[name][0], reqs)
 
+    def measure_restart(name, srv):
+        return {"restart": _measure(srv, plan[name][0], reqs),
+                "storage_replay": storage_replay(srv, reqs, plan[name][2])}
+
     def drop(names):
         for name in names:
             if plan[name][2]:
@@ -149,8 +182,8 @@ def sides(model: str, work: str, plan: dict, reqs, log, profile=run.CPU, togethe
             runs[name]["first"] = replies
         drop(plan)
         log(f"[restart] starting {', '.join(plan)} together")
-        for name, replies in _group({name: server(name, "restart") for name in plan}, measure, log).items():
-            runs[name]["restart"] = replies
+        for name, got in _group({name: server(name, "restart") for name in plan}, measure_restart, log).items():
+            runs[name].update(got)
     else:
         if cal is not None:
             runs["calibrate"] = _group({"calibrate": cal[0]}, lambda n, s: cal[1](s), log)["calibrate"]
@@ -159,7 +192,7 @@ def sides(model: str, work: str, plan: dict, reqs, log, profile=run.CPU, togethe
             runs[name]["first"] = _group({name: server(name, "first")}, measure, log)[name]
             drop([name])
             log(f"[{name}/restart]")
-            runs[name]["restart"] = _group({name: server(name, "restart")}, measure, log)[name]
+            runs[name].update(_group({name: server(name, "restart")}, measure_restart, log)[name])
     return runs
 
 
@@ -173,7 +206,15 @@ def summary(runs: dict) -> dict:
             # the restart's first request is the one that needs the shared prefix from a tier or a prefill; the
             # others find it on the device in every side (2026-12-05 on an H100: 5 of 6)
             "first_ttft_s": r[0].ttft_s if r else float("nan"),
-            "ids_equal_first_pass": [x.output_ids for x in r] == [x.output_ids for x in runs["first"]]}
+            "ids_equal_first_pass": [x.output_ids for x in r] == [x.output_ids for x in runs["first"]],
+            "replay": _tier_stats(runs.get("storage_replay", []))}
+
+
+def _tier_stats(replies) -> dict:
+    return {"storage_hit_tokens": sum(x.cached["storage"] for x in replies),
+            "prefill_computed": sum(x.prompt_tokens - x.cached_total for x in replies),
+            "ttft_median_s": served.median(x.ttft_s for x in replies) if replies else float("nan"),
+            "ttft_p90_s": served.percentile((x.ttft_s for x in replies), 0.9) if replies else float("nan")}
 
 
 def calibrate(srv: served.Server, reqs) -> dict:
@@ -267,6 +308,17 @@ def main(argv=None) -> int:
             f"({ratio(r['ttft_median_s'], base['ttft_median_s']):.2f}x) | {r['ttft_p90_s'] * 1000:.0f} ms "
             f"({ratio(r['ttft_p90_s'], base['ttft_p90_s']):.2f}x) | {r['first_ttft_s'] * 1000:.0f} ms "
             f"({ratio(r['first_ttft_s'], base['first_ttft_s']):.2f}x) | {r['ids_equal_first_pass']} |")
+    log("")
+    log("storage replay (the same server after the replay above; SGLang's /flush_cache and the storage page cache "
+        "dropped before each request, so every prefix comes from storage or is computed again):")
+    log("| side | storage-hit tokens | prefill computed (vs a) | TTFT median (vs a) | TTFT p90 (vs a) |")
+    log("|---|---|---|---|---|")
+    for name, r in results.items():
+        c, cb = r["replay"], base["replay"]
+        log(f"| {name} | {c['storage_hit_tokens']} | {c['prefill_computed']} "
+            f"({ratio(c['prefill_computed'], cb['prefill_computed']):.2f}x) | {c['ttft_median_s'] * 1000:.0f} ms "
+            f"({ratio(c['ttft_median_s'], cb['ttft_median_s']):.2f}x) | {c['ttft_p90_s'] * 1000:.0f} ms "
+            f"({ratio(c['ttft_p90_s'], cb['ttft_p90_s']):.2f}x) |")
     log(f"bench: {time.monotonic() - t0:.0f} s")
     with open(os.path.join(args.dir, "results.json"), "w") as f:
         json.dump({"calibration": cal, "sides": results, "args": vars(args)}, f, indent=1)
