@@ -67,3 +67,16 @@ def test_the_check_reads_sglangs_real_decode_capture_on_the_counter_its_line_nam
     assert dec["pool_mib"] == 2.0 and dec["sums_to_pool"] is True
     cut = text.replace("+36.00      +32.00", "+34.00      +32.00", 1)
     assert served.cg_mem_report(cut)["decode"]["sums_to_pool"] is False
+
+
+def test_the_check_reads_the_whole_capture_pool_line_the_plugin_now_logs_on_a_gpu():
+    """Verbatim from SGLang 0.5.23's decode capture on the H100, 2026-12-06 (docs_internal/gpu_runs_2026-12-06.md):
+    with the pool SGLang creates inside its capture call counted from 0, the TOTAL line names the graph pool itself,
+    and the per-shape pool deltas must sum to it (2 = 2); a row cut from them fails the check."""
+    text = (ROOT / "docs_internal" / "gpu_runs_2026-12-06.md").read_text()
+    text = text.split("The plugin's tables from SGLang's real decode capture", 1)[1].split("```", 2)[1]
+    dec = served.cg_mem_report(text)["decode"]
+    assert dec["buffers"] == 12 and dec["whole_counter"] == "pool" and dec["whole_mib"] == 2.0
+    assert dec["shape_pool_mib"] == [2.0, 0.0, 0.0] and dec["pool_mib"] == 2.0 and dec["sums_to_pool"] is True
+    cut = text.replace("  bs=4                           +2.00", "  bs=4                           +1.00", 1)
+    assert served.cg_mem_report(cut)["decode"]["sums_to_pool"] is False
