@@ -18,9 +18,12 @@ costs about as much as recomputing, and no tier could show.
 Before each restart the page cache is dropped for every file of the storage directories (POSIX_FADV_DONTNEED):
 SGLang's `file` backend reads through it, and a warm cache would flatter it (L3 reads its slabs with O_DIRECT).
 Numbers from a 2-core machine shared with other work are noisy: read the ratios, not the milliseconds.
+A deadline's SIGTERM (or a side that fails) stops every server and still prints the tables of what finished, then
+`bench: CUT ...` (exit 143, or 1): a row with fewer requests than the trace says how many it holds.
 
-On a GPU (``--gpu``) a phase's servers start together (the calibration server and the three first passes, then the
-three restarts: a server start there is a minute of imports, and seven in a row would not fit a 10-minute call),
+On a GPU (``--gpu``) a phase's servers start together (the three first passes, then the three restarts: a server
+start there is a minute of imports, and six in a row would not fit a 10-minute call; the calibration runs on side
+(a)'s first-pass server, before its trace),
 each KV pool sized by `--max-total-tokens`; they are measured one at a time, the others idle. On a CPU one server
 runs at a time.
 """
@@ -35,6 +38,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -103,17 +107,17 @@ def _flush_when_idle(url: str, timeout: float = 30.0) -> None:
             time.sleep(0.2)
 
 
-def storage_replay(srv: served.Server, reqs, dirs) -> list:
+def storage_replay(srv: served.Server, reqs, dirs, into: list) -> list:
     """Every request again, each after a flush of the device and host tiers and with the storage directories' page
     cache dropped: each prefix now comes from the storage tier or is computed again. After the restart replay only
     the first request needs a tier below the device (the others find the shared prefix on it in every side), so this
-    is where the storage tier's TTFT shows in the median and not in one request."""
-    replies = []
+    is where the storage tier's TTFT shows in the median and not in one request. Replies are appended to ``into`` as
+    they come (a deadline keeps them)."""
     for m in reqs:
         _flush_when_idle(srv.url)
         drop_page_cache(*dirs)
-        replies.append(served.chat(srv.url, m, timeout=600))
-    return replies
+        into.append(served.chat(srv.url, m, timeout=600))
+    return into
 
 
 def _group(servers: dict, work, log) -> dict:
@@ -147,86 +151,88 @@ def _group(servers: dict, work, log) -> dict:
             srv.stop()
 
 
-def sides(model: str, work: str, plan: dict, reqs, log, profile=run.CPU, together: bool = False, cal=None) -> dict:
-    """Each side of ``plan`` ({name: (args, env, storage dirs)}) through a first pass and a restart. ``together``: the
-    first passes' servers (and ``cal``'s, a (server, work) pair) start at once, then the restarts' (a GPU holds
-    several tiny servers); else one server at a time (a 2-core CPU would time the other servers' polling)."""
+def sides(model: str, work: str, plan: dict, reqs, log, profile=run.CPU, together: bool = False, cal=None,
+          runs: dict | None = None) -> dict:
+    """Each side of ``plan`` ({name: (args, env, storage dirs)}) through a first pass, a restart and the storage replay.
+    ``cal(server)``, if given, runs on the first side's first-pass server before its trace (it flushes the cache
+    before each of its prompts, and the trace starts from a flushed cache; one server fewer to start). ``together``:
+    the first passes' servers start at once, then the restarts' (a GPU holds several tiny servers); else one server
+    at a time (a 2-core CPU would time the other servers' polling). Each result goes into ``runs`` ({side: {"first",
+    "restart", "storage_replay"}, "calibrate": ...}) as soon as it is measured, so a caller cut by a deadline still
+    holds what finished."""
+    runs = {} if runs is None else runs
+    for name in plan:
+        runs.setdefault(name, {})
 
     def server(name, phase):
         args, env, _ = plan[name]
         return served.Server(model, os.path.join(work, f"{name}_{phase}.log"), args=args, env=env,
                              base_args=profile.base_args, base_env=dict(profile.base_env))
 
-    def measure(name, srv):
-        return _measure(srv, plan[name][0], reqs)
+    def first(name, srv):
+        if cal is not None and name == next(iter(plan)):
+            runs["calibrate"] = cal(srv)
+            _flush_when_idle(srv.url)
+        runs[name]["first"] = _measure(srv, plan[name][0], reqs)
 
-    def measure_restart(name, srv):
-        return {"restart": _measure(srv, plan[name][0], reqs),
-                "storage_replay": storage_replay(srv, reqs, plan[name][2])}
+    def restart(name, srv):
+        runs[name]["restart"] = _measure(srv, plan[name][0], reqs)
+        storage_replay(srv, reqs, plan[name][2], into=runs[name].setdefault("storage_replay", []))
 
     def drop(names):
         for name in names:
             if plan[name][2]:
                 log(f"[{name}] page cache dropped for {drop_page_cache(*plan[name][2])} storage files")
 
-    runs: dict = {name: {} for name in plan}
     if together:
-        first = {name: server(name, "first") for name in plan}
-        if cal is not None:
-            first = {"calibrate": cal[0], **first}
-        log(f"[first pass] starting {', '.join(first)} together")
-        got = _group(first, lambda n, s: cal[1](s) if n == "calibrate" else measure(n, s), log)
-        if cal is not None:
-            runs["calibrate"] = got.pop("calibrate")
-        for name, replies in got.items():
-            runs[name]["first"] = replies
+        log(f"[first pass] starting {', '.join(plan)} together")
+        _group({name: server(name, "first") for name in plan}, first, log)
         drop(plan)
         log(f"[restart] starting {', '.join(plan)} together")
-        for name, got in _group({name: server(name, "restart") for name in plan}, measure_restart, log).items():
-            runs[name].update(got)
+        _group({name: server(name, "restart") for name in plan}, restart, log)
     else:
-        if cal is not None:
-            runs["calibrate"] = _group({"calibrate": cal[0]}, lambda n, s: cal[1](s), log)["calibrate"]
         for name in plan:
             log(f"[{name}/first]")
-            runs[name]["first"] = _group({name: server(name, "first")}, measure, log)[name]
+            _group({name: server(name, "first")}, first, log)
             drop([name])
             log(f"[{name}/restart]")
-            runs[name].update(_group({name: server(name, "restart")}, measure_restart, log)[name])
+            _group({name: server(name, "restart")}, restart, log)
     return runs
 
 
-def summary(runs: dict) -> dict:
-    r = runs["restart"]
-    return {"storage_hit_tokens": sum(x.cached["storage"] for x in r),
+def summary(side: dict) -> dict:
+    """One side's numbers from what was measured (a side cut by a deadline has fewer requests, or none)."""
+    r = side.get("restart", [])
+    return {**_tier_stats(r),
             "device_hit_tokens": sum(x.cached["device"] for x in r),
-            "prefill_computed": sum(x.prompt_tokens - x.cached_total for x in r),
-            "ttft_median_s": served.median(x.ttft_s for x in r),
-            "ttft_p90_s": served.percentile((x.ttft_s for x in r), 0.9),
             # the restart's first request is the one that needs the shared prefix from a tier or a prefill; the
             # others find it on the device in every side (2026-12-05 on an H100: 5 of 6)
             "first_ttft_s": r[0].ttft_s if r else float("nan"),
-            "ids_equal_first_pass": [x.output_ids for x in r] == [x.output_ids for x in runs["first"]],
-            "replay": _tier_stats(runs.get("storage_replay", []))}
+            "ids_equal_first_pass": bool(r) and [x.output_ids for x in r] == [x.output_ids
+                                                                   for x in side.get("first", [])],
+            "replay": _tier_stats(side.get("storage_replay", []))}
 
 
 def _tier_stats(replies) -> dict:
-    return {"storage_hit_tokens": sum(x.cached["storage"] for x in replies),
+    nan = float("nan")
+    return {"requests": len(replies),
+            "storage_hit_tokens": sum(x.cached["storage"] for x in replies),
             "prefill_computed": sum(x.prompt_tokens - x.cached_total for x in replies),
-            "ttft_median_s": served.median(x.ttft_s for x in replies) if replies else float("nan"),
-            "ttft_p90_s": served.percentile((x.ttft_s for x in replies), 0.9) if replies else float("nan")}
+            "ttft_median_s": served.median(x.ttft_s for x in replies) if replies else nan,
+            "ttft_p90_s": served.percentile((x.ttft_s for x in replies), 0.9) if replies else nan}
 
 
 def calibrate(srv: served.Server, reqs) -> dict:
-    """On a ready plain server: TTFT of a cold prefill of the shared prefix vs a one-token prompt."""
+    """On a ready server (side (a)'s: HiCache without a storage tier, each prompt after a flush of its tiers): TTFT of a
+    cold prefill of the shared prefix vs a one-token prompt."""
     system = [reqs[0][0], {"role": "user", "content": "x"}]
     one = [{"role": "user", "content": "x"}]
     served.chat(srv.url, one, max_tokens=1)  # warm-up
     cold, tiny = [], []
     for _ in range(3):
-        run._flush(srv.url)
+        _flush_when_idle(srv.url)
         cold.append(served.chat(srv.url, system, max_tokens=1).ttft_s)
-        run._flush(srv.url)
+        _flush_when_idle(srv.url)
         tiny.append(served.chat(srv.url, one, max_tokens=1).ttft_s)
     return {"prefix_cold_ttft_s": served.median(cold), "one_token_ttft_s": served.median(tiny),
             "ratio": served.median(cold) / served.median(tiny)}
@@ -282,28 +288,50 @@ def main(argv=None) -> int:
                    {"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": file_dir}, (file_dir,)),
         "c_l3": ((*hicache, "--enable-cp-l3", "--cp-l3-config", _l3_config(l3_dir), "--enable-metrics"), {}, (l3_dir,)),
     }
-    cal_srv = served.Server(model, os.path.join(args.dir, "calibrate.log"), base_args=prof.base_args,
-                            base_env=dict(prof.base_env))
-    runs = sides(model, args.dir, plan, reqs, log, prof, together=args.gpu, cal=(cal_srv, lambda s: calibrate(s, reqs)))
-    cal = runs.pop("calibrate")
-    log(f"calibration: cold prefill of the shared prefix {cal['prefix_cold_ttft_s'] * 1000:.0f} ms vs one-token "
-        f"prompt {cal['one_token_ttft_s'] * 1000:.0f} ms = {cal['ratio']:.1f}x"
-        + ("" if cal["ratio"] >= 10 else "  (BELOW 10x: raise --hidden/--layers for a meaningful comparison)"))
-    results = {name: summary(r) for name, r in runs.items()}
-    base = results["a_hicache"]
+    runs: dict = {}
+    cut = None
+    try:
+        sides(model, args.dir, plan, reqs, log, prof, together=args.gpu, cal=lambda s: calibrate(s, reqs), runs=runs)
+    except BaseException as e:  # noqa: BLE001 - a deadline's SIGTERM or a failed side: report what finished first
+        cut = e
+        if not isinstance(e, (SystemExit, KeyboardInterrupt)):
+            traceback.print_exc()
+    report(runs, args, prof, len(reqs), log)
+    if cut is not None:
+        log(f"bench: CUT after {time.monotonic() - t0:.0f} s by {type(cut).__name__}: {cut}; the tables hold what "
+            "finished (a row with fewer requests than the trace says how many)")
+        return 143 if isinstance(cut, (SystemExit, KeyboardInterrupt)) else 1
+    log(f"bench: {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+def report(runs: dict, args, prof, n_reqs: int, log) -> None:
+    """The tables of what was measured, as ratios to side (a); results.json beside them."""
+    cal = runs.pop("calibrate", None)
+    if cal is not None:
+        log(f"calibration: cold prefill of the shared prefix {cal['prefix_cold_ttft_s'] * 1000:.0f} ms vs one-token "
+            f"prompt {cal['one_token_ttft_s'] * 1000:.0f} ms = {cal['ratio']:.1f}x"
+            + ("" if cal["ratio"] >= 10 else "  (BELOW 10x: raise --hidden/--layers for a meaningful comparison)"))
+    results = {name: summary(side) for name, side in runs.items()}
+    base = results.get("a_hicache") or summary({})
 
     def ratio(a, b):
         return a / b if b else float("nan")
 
+    def part(stats):
+        return "" if stats["requests"] == n_reqs else f" ({stats['requests']} of {n_reqs} requests)"
+
     log("")
-    log(f"profile: {prof.name}; model: {args.arch} tiny, hidden {args.hidden}, {args.layers} layers; {len(reqs)} "
+    log(f"profile: {prof.name}; model: {args.arch} tiny, hidden {args.hidden}, {args.layers} layers; {n_reqs} "
         f"requests ({args.conversations} conversations x {args.turns} turns, shared system prompt); after one "
         "restart each")
     log("| side | storage-hit tokens | prefill computed (vs a) | TTFT median (vs a) | TTFT p90 (vs a) | "
         "1st request TTFT (vs a) | ids = 1st pass |")
     log("|---|---|---|---|---|---|---|")
     for name, r in results.items():
-        log(f"| {name} | {r['storage_hit_tokens']} | {r['prefill_computed']} "
+        if not r["requests"]:
+            continue
+        log(f"| {name}{part(r)} | {r['storage_hit_tokens']} | {r['prefill_computed']} "
             f"({ratio(r['prefill_computed'], base['prefill_computed']):.2f}x) | {r['ttft_median_s'] * 1000:.0f} ms "
             f"({ratio(r['ttft_median_s'], base['ttft_median_s']):.2f}x) | {r['ttft_p90_s'] * 1000:.0f} ms "
             f"({ratio(r['ttft_p90_s'], base['ttft_p90_s']):.2f}x) | {r['first_ttft_s'] * 1000:.0f} ms "
@@ -315,14 +343,14 @@ def main(argv=None) -> int:
     log("|---|---|---|---|---|")
     for name, r in results.items():
         c, cb = r["replay"], base["replay"]
-        log(f"| {name} | {c['storage_hit_tokens']} | {c['prefill_computed']} "
+        if not c["requests"]:
+            continue
+        log(f"| {name}{part(c)} | {c['storage_hit_tokens']} | {c['prefill_computed']} "
             f"({ratio(c['prefill_computed'], cb['prefill_computed']):.2f}x) | {c['ttft_median_s'] * 1000:.0f} ms "
             f"({ratio(c['ttft_median_s'], cb['ttft_median_s']):.2f}x) | {c['ttft_p90_s'] * 1000:.0f} ms "
             f"({ratio(c['ttft_p90_s'], cb['ttft_p90_s']):.2f}x) |")
-    log(f"bench: {time.monotonic() - t0:.0f} s")
     with open(os.path.join(args.dir, "results.json"), "w") as f:
         json.dump({"calibration": cal, "sides": results, "args": vars(args)}, f, indent=1)
-    return 0
 
 
 if __name__ == "__main__":
