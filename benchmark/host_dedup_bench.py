@@ -6,8 +6,9 @@ controllers on a CPU, the L3 backend) writes the same replicated MLA/DSA KV back
 prefetches it and loads it back. Per node: host pool bytes (all ranks), L3 bytes read (the engine's count; and
 ``/proc/<pid>/io`` read_bytes, 0 where the disk is tmpfs or the page cache served it), load-back seconds per GB of
 device KV landed (every rank's device KV counted: under dedup that includes the broadcast), and the hit time: the
-slowest rank's prefetch from L3 plus its load-back (the storage part of a hit's time to first token). A CPU/gloo
-measurement:
+slowest rank's prefetch from L3 plus its load-back (the storage part of a hit's time to first token), and the spill
+time: from SGLang's write-back to L3 until every store of the node is durable (under dedup one process, the source,
+writes every rank's pages into that rank's store). A CPU/gloo measurement:
 it proves the byte counts; the time is not a GPU number. Results of a run go in docs_internal/host_dedup.md.
 """
 
@@ -68,7 +69,8 @@ def summary(got: list[dict]) -> dict:
             "proc_read_bytes": sum(g["proc_read_bytes_hits"] for g in got),
             "exact": all(g["bytes_ok_hits"] and g["loaded_hits"] for g in got),
             "load_s_per_gb": secs / (landed / 1e9) if landed else float("nan"),
-            "hit_ms": 1000 * max(g["prefetch_s_hits"] + g["load_back_s_hits"] for g in got)}
+            "hit_ms": 1000 * max(g["prefetch_s_hits"] + g["load_back_s_hits"] for g in got),
+            "spill_ms": 1000 * max(g["spill_s_hits"] for g in got)}
 
 
 def main(argv=None) -> int:
@@ -81,8 +83,9 @@ def main(argv=None) -> int:
     root = a.dir or tempfile.mkdtemp(prefix="host_dedup_bench_")
     print(f"# host dedup bench: {a.pages} pages x {a.layers} layers, DSA (fp8 KV + indexer), gloo on CPU, in {root}")
     print("| ranks | host bytes off | host bytes on | ratio | L3 bytes off | L3 bytes on | ratio | /proc read off | "
-          "/proc read on | load s/GB off | load s/GB on | hit ms off | hit ms on | byte-exact |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "/proc read on | load s/GB off | load s/GB on | hit ms off | hit ms on | spill ms off | spill ms on | "
+          "byte-exact |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in a.ranks:
         off = summary(run_world(root, n, "off", a.pages, a.layers))
         on = summary(run_world(root, n, "on", a.pages, a.layers))
@@ -90,7 +93,8 @@ def main(argv=None) -> int:
               f"{off['l3_read_bytes']} | {on['l3_read_bytes']} | "
               f"{on['l3_read_bytes'] / max(off['l3_read_bytes'], 1):.3f} | {off['proc_read_bytes']} | "
               f"{on['proc_read_bytes']} | {off['load_s_per_gb']:.2f} | {on['load_s_per_gb']:.2f} | "
-              f"{off['hit_ms']:.0f} | {on['hit_ms']:.0f} | {off['exact'] and on['exact']} |", flush=True)
+              f"{off['hit_ms']:.0f} | {on['hit_ms']:.0f} | {off['spill_ms']:.0f} | {on['spill_ms']:.0f} | "
+              f"{off['exact'] and on['exact']} |", flush=True)
     return 0
 
 

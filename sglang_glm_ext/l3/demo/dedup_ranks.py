@@ -73,8 +73,10 @@ def _round(st, group, t, seed, out, tag):
     slots = st.insert(t)
     st.fill_device(slots, seed)
     want = st.snapshot_device(slots)
+    t0 = time.perf_counter()
     st.write_back_storage(t)
-    flush_all(st, group)
+    flush_all(st, group)  # every store durable, then a barrier: the node's time to durable, on every rank
+    out[f"spill_s_{tag}"] = time.perf_counter() - t0
     drop_l2(st, t)
     io0, l3_0 = _io(), _l3_read_bytes(st)
     t0 = time.perf_counter()
