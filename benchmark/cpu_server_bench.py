@@ -94,19 +94,6 @@ def _measure(srv: served.Server, args, reqs) -> list:
     return replies
 
 
-def _flush_when_idle(url: str, timeout: float = 30.0) -> None:
-    """SGLang's /flush_cache (device and host tiers; a storage tier keeps its pages), retried while the scheduler
-    still holds the last request's tail (it refuses a flush then)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return run._flush(url)
-        except OSError:  # HTTPError is one: "Cache not flushed because there are pending requests"
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def storage_replay(srv: served.Server, reqs, dirs, into: list) -> list:
     """Every request again, each after a flush of the device and host tiers and with the storage directories' page
     cache dropped: each prefix now comes from the storage tier or is computed again. After the restart replay only
@@ -114,7 +101,7 @@ def storage_replay(srv: served.Server, reqs, dirs, into: list) -> list:
     is where the storage tier's TTFT shows in the median and not in one request. Replies are appended to ``into`` as
     they come (a deadline keeps them)."""
     for m in reqs:
-        _flush_when_idle(srv.url)
+        run._flush(srv.url)
         drop_page_cache(*dirs)
         into.append(served.chat(srv.url, m, timeout=600))
     return into
@@ -172,7 +159,7 @@ def sides(model: str, work: str, plan: dict, reqs, log, profile=run.CPU, togethe
     def first(name, srv):
         if cal is not None and name == next(iter(plan)):
             runs["calibrate"] = cal(srv)
-            _flush_when_idle(srv.url)
+            run._flush(srv.url)
         runs[name]["first"] = _measure(srv, plan[name][0], reqs)
 
     def restart(name, srv):
@@ -230,9 +217,9 @@ def calibrate(srv: served.Server, reqs) -> dict:
     served.chat(srv.url, one, max_tokens=1)  # warm-up
     cold, tiny = [], []
     for _ in range(3):
-        _flush_when_idle(srv.url)
+        run._flush(srv.url)
         cold.append(served.chat(srv.url, system, max_tokens=1).ttft_s)
-        _flush_when_idle(srv.url)
+        run._flush(srv.url)
         tiny.append(served.chat(srv.url, one, max_tokens=1).ttft_s)
     return {"prefix_cold_ttft_s": served.median(cold), "one_token_ttft_s": served.median(tiny),
             "ratio": served.median(cold) / served.median(tiny)}

@@ -118,10 +118,21 @@ def compare(got: Sequence, want: Sequence) -> list[int]:
     return [i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g.output_ids != w.output_ids]
 
 
-def _flush(url: str) -> None:
+def _flush(url: str, timeout: float = 30.0) -> None:
+    """SGLang's /flush_cache: the device and host tiers (a storage tier keeps its pages). Retried while the scheduler
+    still holds a finished request's tail: it refuses a flush then ("Cache not flushed because there are pending
+    requests", an HTTP error)."""
     import urllib.request
 
-    urllib.request.urlopen(urllib.request.Request(url + "/flush_cache", b"", method="POST"), timeout=60).read()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(urllib.request.Request(url + "/flush_cache", b"", method="POST"), timeout=60).read()
+            return
+        except OSError:  # urllib's HTTPError and URLError are OSErrors
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _l3_config(work: str, deployment_id: str = CPU.deployment_id) -> str:
