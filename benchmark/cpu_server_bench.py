@@ -209,6 +209,30 @@ def _tier_stats(replies) -> dict:
             "ttft_p90_s": served.percentile((x.ttft_s for x in replies), 0.9) if replies else nan}
 
 
+def ids_across_sides(runs: dict, base: str = "a_hicache", pair: tuple = ("b_file", "c_l3")) -> list:
+    """Output ids compared between sides, phase by phase: ``(label, equal, same_hits)``, for the pairs where both sides
+    finished the phase. Within one side the ids of a prefix hit and of a cold prefill may differ (bf16 greedy decoding
+    of a random model flips near-tie tokens between the two), but across sides the same phase runs the same computation:
+    the first passes are cold in all three (so equal ids show the servers are deterministic), and after the restart
+    the two storage sides find the same cached tokens per request, one from SGLang's `file` backend, one from L3, so
+    their ids differ only if one tier returned other KV bytes. ``same_hits``: the per-request cached tokens by tier
+    are equal too (if not, a different computation may flip a token)."""
+    out = []
+
+    def cmp(label, x, y, phase):
+        rx, ry = runs.get(x, {}).get(phase, []), runs.get(y, {}).get(phase, [])
+        n = min(len(rx), len(ry))
+        if n:
+            out.append((label, [r.output_ids for r in rx[:n]] == [r.output_ids for r in ry[:n]],
+                        [r.cached for r in rx[:n]] == [r.cached for r in ry[:n]]))
+
+    for name in pair:
+        cmp(f"first pass {name} = {base}", name, base, "first")
+    for phase in ("restart", "storage_replay"):
+        cmp(f"{phase.replace('_', ' ')} {pair[1]} = {pair[0]}", pair[1], pair[0], phase)
+    return out
+
+
 def calibrate(srv: served.Server, reqs) -> dict:
     """On a ready server (side (a)'s: HiCache without a storage tier, each prompt after a flush of its tiers): TTFT of a
     cold prefill of the shared prefix vs a one-token prompt."""
@@ -299,6 +323,7 @@ def report(runs: dict, args, prof, n_reqs: int, log) -> None:
         log(f"calibration: cold prefill of the shared prefix {cal['prefix_cold_ttft_s'] * 1000:.0f} ms vs one-token "
             f"prompt {cal['one_token_ttft_s'] * 1000:.0f} ms = {cal['ratio']:.1f}x"
             + ("" if cal["ratio"] >= 10 else "  (BELOW 10x: raise --hidden/--layers for a meaningful comparison)"))
+    across = ids_across_sides(runs)
     results = {name: summary(side) for name, side in runs.items()}
     base = results.get("a_hicache") or summary({})
 
@@ -336,8 +361,12 @@ def report(runs: dict, args, prof, n_reqs: int, log) -> None:
             f"({ratio(c['prefill_computed'], cb['prefill_computed']):.2f}x) | {c['ttft_median_s'] * 1000:.0f} ms "
             f"({ratio(c['ttft_median_s'], cb['ttft_median_s']):.2f}x) | {c['ttft_p90_s'] * 1000:.0f} ms "
             f"({ratio(c['ttft_p90_s'], cb['ttft_p90_s']):.2f}x) |")
+    log("")
+    log("output ids across sides (greedy; a phase runs the same computation in each side: ids_across_sides):")
+    for label, equal, same_hits in across:
+        log(f"  {label}: {equal} (same cached tokens per request by tier: {same_hits})")
     with open(os.path.join(args.dir, "results.json"), "w") as f:
-        json.dump({"calibration": cal, "sides": results, "args": vars(args)}, f, indent=1)
+        json.dump({"calibration": cal, "sides": results, "ids_across_sides": across, "args": vars(args)}, f, indent=1)
 
 
 if __name__ == "__main__":
