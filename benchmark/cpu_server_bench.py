@@ -7,7 +7,9 @@ Per side, after the restart: storage-hit tokens, prefill tokens computed (prompt
 TTFT median and p90 and the first request's TTFT, printed as ratios to (a), all measured in one run, side by side;
 then, on the same server, the storage replay: each request after SGLang's /flush_cache (device and host tiers) with the
 storage page cache dropped, so that every request's prefix comes from storage or is computed again (in the replay
-before it, only the first request needs the shared prefix from below the device tier). The model is a tiny GLM-5
+before it, only the first request needs the shared prefix from below the device tier); last, the output ids compared
+across sides, phase by phase (`ids_across_sides`: the `file` and L3 sides must agree after the restart, where both
+find the same cached tokens). The model is a tiny GLM-5
 (`sglang-glm-ext tiny-model`, dummy weights) sized so that a cold prefill of the shared prefix costs at least 10x the
 TTFT of a one-token prompt (measured first and printed; below 10x the run says so): with hidden 64 a disk read
 costs about as much as recomputing, and no tier could show.
