@@ -4,6 +4,7 @@ Pure: built from replies, no server (the bench itself runs the servers; its GPU 
 
 import importlib.util
 import os
+import sys
 
 from sglang_glm_ext.cpu_serve.served import Reply
 
@@ -11,7 +12,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BENCH = os.path.join(REPO, "benchmark", "cpu_server_bench.py")
 _spec = importlib.util.spec_from_file_location("cpu_server_bench", BENCH)
 bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+_path = list(sys.path)
+try:
+    _spec.loader.exec_module(bench)
+finally:
+    sys.path[:] = _path  # the script puts the repo root first on sys.path for its own runs; the suite's stays as it was
 
 
 def _r(ids, storage=0, device=0):
